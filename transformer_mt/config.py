@@ -1,0 +1,305 @@
+"""Typed configuration: one dataclass per section, loaded from YAML.
+
+Precedence is dataclass defaults < YAML file (and the files it inherits from
+through ``base:``) < ``--set section.key=value`` overrides on the command line.
+Every key is checked: an unknown key or a value of the wrong type is an error
+that names the key, the file it came from and the nearest valid key, because a
+typo that silently falls back to a default can cost a week of GPU time.
+
+The defaults of the model, train and decode sections are the paper's settings
+(Vaswani et al., 2017, base model); every deviation from the paper is a named
+key whose default keeps the paper's behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message says how."""
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text is and how it is cleaned.
+
+    Parallel files are named fairseq-style: ``train: corpus/train`` with
+    ``src_lang: en`` and ``tgt_lang: de`` reads ``corpus/train.en`` and
+    ``corpus/train.de``. Relative paths are relative to the working directory.
+    """
+
+    train: str = "data/wmt14_en_de/train"  # prefix of the training files
+    valid: str = "data/wmt14_en_de/newstest2013"  # prefix of the validation files
+    test: str = "data/wmt14_en_de/newstest2014"  # prefix of the test files ("" for none)
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    dir: str = "prepared/wmt14_en_de"  # where `tmt prepare` writes BPE model and binarized splits
+    max_len: int = 250  # drop training pairs with more whitespace tokens on either side
+    max_ratio: float = 1.5  # drop training pairs whose length ratio exceeds this (Moses clean-corpus)
+    synth: bool = False  # generate the embedded toy corpus at the `train` prefix when it is missing
+    synth_pairs: int = 50_000  # training pairs of the generated toy corpus
+    workers: int = 0  # encoding processes; 0 means one per CPU core
+
+
+@dataclass
+class BpeConfig:
+    """The joint sentencepiece BPE vocabulary shared by source and target."""
+
+    vocab_size: int = 37_000  # the paper: about 37k joint BPE for en-de
+    sample_sentences: int = 4_000_000  # sentences (both sides together) sampled to learn BPE
+    character_coverage: float = 1.0
+    seed: int = 1
+
+
+@dataclass
+class ModelConfig:
+    """The Transformer; defaults are the paper's base model."""
+
+    d_model: int = 512
+    d_ff: int = 2048
+    heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1  # the paper's P_drop: residual and embedding dropout
+    attention_dropout: float = 0.0  # deviation: dropout on attention weights (paper: none)
+    activation_dropout: float = 0.0  # deviation: dropout inside the FFN (paper: none)
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"  # "learned" is Table 3 row E
+    norm: Literal["post", "pre"] = "post"  # "pre" is a deviation: LayerNorm before each sublayer
+    max_positions: int = 1024  # longest sequence (tokens) the model accepts
+    share_embeddings: bool = True  # tie source, target and output embeddings (shared vocabulary)
+
+
+@dataclass
+class TrainConfig:
+    """How the model is trained; defaults are the paper's base recipe."""
+
+    save_dir: str = "runs/base"  # run directory: checkpoints, metrics, resolved config
+    seed: int = 1
+    max_tokens: int = 3125  # padded tokens per batch, counted on source and target separately
+    update_freq: int = 8  # batches accumulated per update; tokens/update = max_tokens x update_freq x GPUs
+    lr_scale: float = 1.0  # multiplies the paper's schedule (paper: 1.0)
+    warmup: int = 4000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0  # deviation: decoupled weight decay (paper: none)
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # deviation: clip gradient norm to this value; 0 disables (paper: none)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp16 on others, fp32 on CPU
+    compile: bool = False  # torch.compile the model
+    max_updates: int = 100_000  # 0 disables this limit
+    max_epochs: int = 0  # 0 disables this limit
+    max_minutes: float = 0.0  # wall-clock limit for this run; 0 disables
+    validate_every: int = 1000  # updates between validation runs
+    save_every_updates: int = 0  # 0 disables update-based checkpoints
+    save_every_minutes: float = 10.0  # the paper wrote a checkpoint every 10 minutes; 0 disables
+    keep_last: int = 20  # checkpoints kept besides the best one
+    average_last: int = 5  # checkpoints `tmt average` uses by default (paper: base 5, big 20)
+    max_nonfinite: int = 10  # stop after this many non-finite updates in a row
+    log_every: int = 100  # updates between metric lines
+    num_threads: int = 0  # CPU threads for torch; 0 leaves torch's default
+
+
+@dataclass
+class DecodeConfig:
+    """Beam search; defaults are the paper's decoding settings."""
+
+    beam_size: int = 4
+    len_penalty: float = 0.6  # alpha of the length penalty
+    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt"  # gnmt: ((5+len)/6)^alpha; fairseq: len^alpha
+    max_len_a: float = 1.0  # max output length = max_len_a * source length + max_len_b
+    max_len_b: int = 50
+    batch_tokens: int = 8000  # source tokens per translation batch
+    nbest: int = 1
+
+
+@dataclass
+class Config:
+    """The whole configuration of a run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    bpe: BpeConfig = field(default_factory=BpeConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_SECTION_TYPES = typing.get_type_hints(Config)
+
+
+def _nearest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(options)}"
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Return ``value`` as type ``hint`` or raise a ConfigError naming ``where``."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is type(None) and value is None:
+                return None
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _coerce(value, args[0], where)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported type {hint}")
+
+
+def _merge_section(section: Any, values: Any, name: str, origin: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{origin}: section '{name}' must be a mapping of keys to values")
+    hints = typing.get_type_hints(type(section))
+    changes = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{origin}: unknown key '{name}.{key}'{_nearest(key, list(hints))}")
+        changes[key] = _coerce(value, hints[key], f"{origin}: key '{name}.{key}'")
+    return dataclasses.replace(section, **changes)
+
+
+def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> Config:
+    for name, values in raw.items():
+        if name not in _SECTION_TYPES:
+            raise ConfigError(f"{origin}: unknown section '{name}'{_nearest(name, list(_SECTION_TYPES))}")
+        merged = _merge_section(getattr(cfg, name), values or {}, name, origin)
+        cfg = dataclasses.replace(cfg, **{name: merged})
+    return cfg
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any], str]]:
+    """Read ``path`` and the files it inherits from, oldest ancestor first."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: 'base:' inheritance loops back to {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    layers: list[tuple[dict[str, Any], str]] = []
+    base = raw.pop("base", None)
+    if base is not None:
+        layers = _read_yaml((path.parent / str(base)), chain + (path.resolve(),))
+    return layers + [(raw, str(path))]
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value``; the value is parsed as YAML (so 3 is int, true is bool)."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, for example --set train.max_updates=2000")
+    dotted, value = text.split("=", 1)
+    section, key = dotted.split(".", 1)
+    try:
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        parsed = value
+    return section, key, parsed
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file and its ``base:`` ancestors, then ``--set`` overrides."""
+    cfg = Config()
+    if path is not None:
+        for raw, origin in _read_yaml(Path(path), ()):
+            cfg = _apply(cfg, raw, origin)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        cfg = _apply(cfg, {section: {key: value}}, f"--set {text}")
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any], origin: str = "checkpoint") -> Config:
+    """Rebuild a Config saved with ``Config.to_dict`` (e.g. inside a checkpoint)."""
+    cfg = _apply(Config(), raw, origin)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks across keys that no single type can express."""
+    m = cfg.model
+    if m.d_model % m.heads:
+        raise ConfigError(
+            f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads}); "
+            f"try heads={_divisor_near(m.d_model, m.heads)}"
+        )
+    positive = {
+        "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.heads": m.heads,
+        "model.encoder_layers": m.encoder_layers, "model.decoder_layers": m.decoder_layers,
+        "model.max_positions": m.max_positions, "bpe.vocab_size": cfg.bpe.vocab_size,
+        "train.max_tokens": cfg.train.max_tokens, "train.update_freq": cfg.train.update_freq,
+        "decode.beam_size": cfg.decode.beam_size, "decode.batch_tokens": cfg.decode.batch_tokens,
+        "decode.nbest": cfg.decode.nbest,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    for key, p in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
+                   "model.activation_dropout": m.activation_dropout,
+                   "train.label_smoothing": cfg.train.label_smoothing}.items():
+        if not 0.0 <= p < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {p}")
+    if cfg.decode.nbest > cfg.decode.beam_size:
+        raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
+    if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
+        raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML next to a run's outputs."""
+    Path(path).write_text(cfg.to_yaml(), encoding="utf-8")
+
+
+def config_hash(section: Any) -> str:
+    """A stable hash of a config section, used to tell whether prepared data is stale."""
+    import hashlib
+
+    text = json.dumps(dataclasses.asdict(section), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
