@@ -9,7 +9,7 @@ never stops another.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -33,9 +33,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-ConfigArg = Annotated[Path, typer.Argument(help="YAML config, e.g. configs/base.yaml (see configs/).", show_default=False)]
+ConfigArg = Annotated[
+    Path, typer.Argument(help="YAML config, e.g. configs/base.yaml (see configs/).", show_default=False)
+]
 SetOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", "-s", help="Override a config key, e.g. --set train.max_updates=2000 (repeatable)."),
 ]
 
@@ -60,7 +62,9 @@ def load(config: Path, overrides: list[str] | None, show: bool = True) -> Config
 
 @app.command()
 def synth(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for train/valid/test files.")] = Path("toy/corpus"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for train/valid/test files.")] = Path(
+        "toy/corpus"
+    ),
     pairs: Annotated[int, typer.Option(help="Training sentence pairs.")] = 50_000,
     valid: Annotated[int, typer.Option(help="Validation sentence pairs.")] = 1000,
     test: Annotated[int, typer.Option(help="Test sentence pairs.")] = 1000,
@@ -145,12 +149,14 @@ def _set_args(overrides: list[str] | None) -> list[str]:
 
 @app.command()
 def average(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory holding checkpoints.")] = None,
+    run_dir: Annotated[Path | None, typer.Argument(help="Run directory holding checkpoints.")] = None,
     last: Annotated[int, typer.Option("--last", help="Average the newest K checkpoints (by update).")] = 5,
     inputs: Annotated[
-        Optional[list[Path]], typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")
+        list[Path] | None, typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")
     ] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default RUN_DIR/average.pt).")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Output file (default RUN_DIR/average.pt).")
+    ] = None,
 ) -> None:
     """Average the parameters of several checkpoints (the paper: base last 5, big last 20)."""
     from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
@@ -171,14 +177,24 @@ def average(
 
 @app.command()
 def translate(
-    checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint; several are averaged on the fly.")],
-    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Raw text, one sentence per line (default stdin).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where translations go (default stdout).")] = None,
-    beam: Annotated[Optional[int], typer.Option("--beam", "-b", help="Beam size (paper: 4); 1 is greedy.")] = None,
-    lenpen: Annotated[Optional[float], typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
-    nbest: Annotated[Optional[int], typer.Option("--nbest", help="Write the K best hypotheses per line, with scores.")] = None,
-    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch.")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")] = None,
+    checkpoint: Annotated[
+        list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint; several are averaged on the fly.")
+    ],
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help="Raw text, one sentence per line (default stdin).")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Where translations go (default stdout).")
+    ] = None,
+    beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4); 1 is greedy.")] = None,
+    lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
+    nbest: Annotated[
+        int | None, typer.Option("--nbest", help="Write the K best hypotheses per line, with scores.")
+    ] = None,
+    batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
+    ] = None,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -198,14 +214,20 @@ def translate(
 
 @app.command()
 def evaluate(
-    testset: Annotated[Optional[str], typer.Argument(help="newstest2013, newstest2014, ... (fetched via sacreBLEU).")] = None,
-    checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint(s) to translate with.")] = ...,  # type: ignore[assignment]
-    src: Annotated[Optional[Path], typer.Option("--src", help="Local source file instead of a named test set.")] = None,
-    ref: Annotated[Optional[Path], typer.Option("--ref", help="Local reference file instead of a named test set.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Directory for hypotheses and scores.json.")] = None,
-    beam: Annotated[Optional[int], typer.Option("--beam", "-b", help="Beam size (paper: 4).")] = None,
-    lenpen: Annotated[Optional[float], typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    testset: Annotated[
+        str | None, typer.Argument(help="newstest2013, newstest2014, ... (fetched via sacreBLEU).")
+    ] = None,
+    checkpoint: Annotated[
+        list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint(s) to translate with.")
+    ] = ...,  # type: ignore[assignment]
+    src: Annotated[Path | None, typer.Option("--src", help="Local source file instead of a named test set.")] = None,
+    ref: Annotated[Path | None, typer.Option("--ref", help="Local reference file instead of a named test set.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Directory for hypotheses and scores.json.")
+    ] = None,
+    beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4).")] = None,
+    lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU."""
     from transformer_mt.evaluate import EvaluateError, evaluate_checkpoint
@@ -236,12 +258,14 @@ def score(
 def download(
     dataset: Annotated[str, typer.Argument(help="Only 'wmt14' for now.")],
     pair: Annotated[str, typer.Option("--pair", help="en-de or en-fr.")] = "en-de",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for train.*, newstest2013.*, newstest2014.*.")] = Path(
-        "data/wmt14_en_de"
-    ),
-    source: Annotated[str, typer.Option("--source", help="hf (Hugging Face datasets, default) or statmt (WMT archives).")] = "hf",
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for train.*, newstest2013.*, newstest2014.*.")
+    ] = Path("data/wmt14_en_de"),
+    source: Annotated[
+        str, typer.Option("--source", help="hf (Hugging Face datasets, default) or statmt (WMT archives).")
+    ] = "hf",
     from_dir: Annotated[
-        Optional[Path], typer.Option("--from", help="Use parallel files already on disk instead of the network.")
+        Path | None, typer.Option("--from", help="Use parallel files already on disk instead of the network.")
     ] = None,
 ) -> None:
     """Fetch WMT14 parallel text as plain files (train, newstest2013 dev, newstest2014 test)."""
@@ -257,7 +281,9 @@ def download(
 
 @app.command()
 def quickstart(
-    workdir: Annotated[Path, typer.Option("--workdir", "-w", help="Where every file of the run goes.")] = Path("quickstart"),
+    workdir: Annotated[Path, typer.Option("--workdir", "-w", help="Where every file of the run goes.")] = Path(
+        "quickstart"
+    ),
 ) -> None:
     """Run the whole pipeline on the embedded toy corpus in a few minutes on a CPU.
 

@@ -95,7 +95,9 @@ class TrainConfig:
     weight_decay: float = 0.0  # deviation: decoupled weight decay (paper: none)
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # deviation: clip gradient norm to this value; 0 disables (paper: none)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp16 on others, fp32 on CPU
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = (
+        "auto"  # auto: bf16 on capable GPUs, fp16 on others, fp32 on CPU
+    )
     compile: bool = False  # torch.compile the model
     max_updates: int = 100_000  # 0 disables this limit
     max_epochs: int = 0  # 0 disables this limit
@@ -267,19 +269,28 @@ def validate(cfg: Config) -> None:
             f"try heads={_divisor_near(m.d_model, m.heads)}"
         )
     positive = {
-        "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.heads": m.heads,
-        "model.encoder_layers": m.encoder_layers, "model.decoder_layers": m.decoder_layers,
-        "model.max_positions": m.max_positions, "bpe.vocab_size": cfg.bpe.vocab_size,
-        "train.max_tokens": cfg.train.max_tokens, "train.update_freq": cfg.train.update_freq,
-        "decode.beam_size": cfg.decode.beam_size, "decode.batch_tokens": cfg.decode.batch_tokens,
+        "model.d_model": m.d_model,
+        "model.d_ff": m.d_ff,
+        "model.heads": m.heads,
+        "model.encoder_layers": m.encoder_layers,
+        "model.decoder_layers": m.decoder_layers,
+        "model.max_positions": m.max_positions,
+        "bpe.vocab_size": cfg.bpe.vocab_size,
+        "train.max_tokens": cfg.train.max_tokens,
+        "train.update_freq": cfg.train.update_freq,
+        "decode.beam_size": cfg.decode.beam_size,
+        "decode.batch_tokens": cfg.decode.batch_tokens,
         "decode.nbest": cfg.decode.nbest,
     }
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
-    for key, p in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
-                   "model.activation_dropout": m.activation_dropout,
-                   "train.label_smoothing": cfg.train.label_smoothing}.items():
+    for key, p in {
+        "model.dropout": m.dropout,
+        "model.attention_dropout": m.attention_dropout,
+        "model.activation_dropout": m.activation_dropout,
+        "train.label_smoothing": cfg.train.label_smoothing,
+    }.items():
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
     if cfg.decode.nbest > cfg.decode.beam_size:
