@@ -17,14 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.data.download import (
-    Corpus,
-    DownloadError,
-    download_statmt,
-    fetch_archive,
-    read_marker,
-    safe_extract,
-)
+from transformer_mt.data.download import DownloadError, read_marker
+from transformer_mt.data.download_statmt import Corpus, download_statmt, fetch_archive, safe_extract
 
 
 def make_tar(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
