@@ -1,0 +1,143 @@
+"""The typed config: precedence, inheritance, and errors that name the key, the file and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from transformer_mt.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_hash,
+    load_config,
+    parse_override,
+    save_config,
+)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _yaml(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_the_paper_base_model():
+    cfg = load_config()
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.model.heads, cfg.model.encoder_layers) == (512, 2048, 8, 6)
+    assert (cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps) == (0.9, 0.98, 1e-9)
+    assert (cfg.train.warmup, cfg.train.label_smoothing, cfg.model.dropout) == (4000, 0.1, 0.1)
+    assert (cfg.decode.beam_size, cfg.decode.len_penalty) == (4, 0.6)
+    assert cfg.model.norm == "post" and cfg.model.positions == "sinusoidal"
+
+
+def test_precedence_defaults_file_set(tmp_path):
+    path = _yaml(tmp_path / "c.yaml", "train:\n  warmup: 100\n  seed: 5\n")
+    cfg = load_config(path, ["train.seed=9"])
+    assert cfg.train.warmup == 100  # file over default
+    assert cfg.train.seed == 9  # --set over file
+    assert cfg.train.max_tokens == 3125  # default untouched
+
+
+def test_base_inheritance_and_override_order(tmp_path):
+    _yaml(tmp_path / "root.yaml", "model:\n  d_model: 256\n  heads: 4\ntrain:\n  warmup: 10\n")
+    (tmp_path / "sub").mkdir()
+    child = _yaml(tmp_path / "sub" / "child.yaml", "base: ../root.yaml\ntrain:\n  warmup: 20\n")
+    cfg = load_config(child)
+    assert cfg.model.d_model == 256 and cfg.model.heads == 4 and cfg.train.warmup == 20
+
+
+def test_base_loop_is_an_error(tmp_path):
+    _yaml(tmp_path / "a.yaml", "base: b.yaml\n")
+    _yaml(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_unknown_key_names_file_and_nearest(tmp_path):
+    path = _yaml(tmp_path / "c.yaml", "train:\n  warmpu: 100\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown key 'train\.warmpu'; did you mean 'warmup'\?"):
+        load_config(path)
+
+
+def test_unknown_section_and_unknown_set_key():
+    with pytest.raises(ConfigError, match="unknown section 'modle'; did you mean 'model'"):
+        load_config(None, ["modle.d_model=3"])
+    with pytest.raises(ConfigError, match=r"--set train\.max_tokenz=5: unknown key 'train\.max_tokenz'"):
+        load_config(None, ["train.max_tokenz=5"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.warmup=abc", "key 'train.warmup': expected an integer"),
+        ("train.warmup=1.5", "expected an integer"),
+        ("model.share_embeddings=3", "expected true or false"),
+        ("model.norm=middle", "'middle' is not one of 'post', 'pre'"),
+        ("train.lr_scale=fast", "expected a number"),
+    ],
+)
+def test_wrong_types_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(None, [override])
+
+
+def test_wrong_type_in_file_names_the_file(tmp_path):
+    path = _yaml(tmp_path / "bad.yaml", "data:\n  max_len: lots\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: key 'data\.max_len'"):
+        load_config(path)
+
+
+def test_set_values_parse_as_yaml():
+    assert parse_override("train.max_updates=2000") == ("train", "max_updates", 2000)
+    assert parse_override("model.share_embeddings=false") == ("model", "share_embeddings", False)
+    assert parse_override("data.test=") == ("data", "test", "")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("warmup=3")
+
+
+def test_cross_key_validation():
+    with pytest.raises(ConfigError, match=r"divisible by model\.heads \(3\); try heads="):
+        load_config(None, ["model.heads=3"])
+    with pytest.raises(ConfigError, match="would never stop"):
+        load_config(None, ["train.max_updates=0"])
+    with pytest.raises(ConfigError, match=r"model\.dropout must be in \[0, 1\)"):
+        load_config(None, ["model.dropout=1.0"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_yaml(tmp_path / "x.yaml", "train: [unclosed\n"))
+
+
+def test_round_trip_through_dict_and_yaml(tmp_path):
+    cfg = load_config(None, ["model.d_model=256", "model.heads=4", "decode.beam_size=6"])
+    assert config_from_dict(cfg.to_dict()) == cfg
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = Config(), Config()
+    assert config_hash(a.bpe) == config_hash(b.bpe)
+    assert config_hash(a.bpe) != config_hash(load_config(None, ["bpe.vocab_size=8000"]).bpe)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.model.d_model % cfg.model.heads == 0
+
+
+def test_multi30k_config_matches_the_benchmark_recipe():
+    cfg = load_config(CONFIGS / "multi30k.yaml")
+    assert cfg.data.train == "../shared/data/multi30k/train" and cfg.data.dir == "prepared/multi30k"
+    assert cfg.bpe.vocab_size == 8000
+    m = cfg.model
+    assert (m.d_model, m.encoder_layers, m.decoder_layers, m.heads, m.d_ff) == (256, 3, 3, 4, 1024)
+    assert (cfg.train.max_tokens, cfg.train.update_freq, cfg.train.warmup) == (4096, 1, 1000)
+    assert cfg.train.save_dir == "runs/multi30k"

@@ -1,0 +1,72 @@
+"""Normalization and the length filters applied before BPE.
+
+`normalize` is applied to every sentence that enters the pipeline: the
+training text, the validation/test text and (at translation time) raw user
+input, so that BPE sees the same characters everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+
+# Control characters (Unicode category Cc) that are not whitespace, and invisible format characters
+# (zero-width spaces and joiners, word joiner, byte order mark, soft hyphen) that only break tokens apart.
+_DROP = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u200b-\u200d\u2060\ufeff\u00ad]")
+
+# Filter reasons, in the order they are tested, as reported by `tmt prepare`.
+EMPTY = "empty side"
+TOO_LONG = "longer than data.max_len"
+RATIO = "length ratio above data.max_ratio"
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, control and invisible characters removed, whitespace runs collapsed to one space.
+
+    Whitespace controls (tab, vertical tab, form feed, U+0085 ...) and other
+    Unicode spaces (no-break space, U+2028 ...) count as whitespace, so words
+    joined only by a tab stay apart.
+    """
+    text = unicodedata.normalize("NFC", text)
+    return " ".join(_DROP.sub("", text).split())
+
+
+def filter_reason(src: str, tgt: str, max_len: int, max_ratio: float) -> str | None:
+    """Why a normalized training pair is dropped, or None to keep it.
+
+    Lengths are whitespace tokens. The ratio test is Moses clean-corpus-n's:
+    drop when either side is more than ``max_ratio`` times longer than the other.
+    """
+    n_src, n_tgt = src.count(" ") + 1 if src else 0, tgt.count(" ") + 1 if tgt else 0
+    if n_src == 0 or n_tgt == 0:
+        return EMPTY
+    if n_src > max_len or n_tgt > max_len:
+        return TOO_LONG
+    if n_src > max_ratio * n_tgt or n_tgt > max_ratio * n_src:
+        return RATIO
+    return None
+
+
+class InputError(ValueError):
+    """An input file that cannot be read as UTF-8 text; the message names file and line."""
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Yield the lines of ``path`` without line ends, decoded as strict UTF-8.
+
+    Decoding line by line gives the 1-based line number of a bad byte, which a
+    whole-file decoder cannot.
+    """
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(
+                    f"{path}, line {number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                    "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove the line "
+                    "from both sides"
+                ) from None
+            yield line.rstrip("\r\n")

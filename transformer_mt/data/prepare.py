@@ -1,0 +1,417 @@
+"""`tmt prepare`: clean the parallel text, learn the joint BPE model, binarize every split.
+
+Steps, each streaming so that memory does not grow with the corpus (only the
+BPE sample is held in memory):
+
+1. check the inputs (present, same line count on both sides) and hash them;
+2. normalize every pair; filter training pairs (empty side, longer than
+   ``data.max_len``, length ratio above ``data.max_ratio``), drop only
+   empty-sided pairs from valid/test; reservoir-sample ``bpe.sample_sentences``
+   training sentences for BPE;
+3. learn one sentencepiece BPE model on both sides;
+4. encode every split in ``data.workers`` processes into ids + offsets arrays;
+5. move the results into ``data.dir`` and write ``manifest.json`` last,
+   atomically: its presence means "complete and matching these inputs".
+
+Work files live in a temporary directory inside ``data.dir`` and the old
+manifest is removed before anything is replaced, so an interrupted run never
+leaves output that a re-run would take as complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from transformer_mt.config import Config, config_hash
+from transformer_mt.data import binarize, clean
+from transformer_mt.data.bpe import MODEL_NAME, VOCAB_NAME, BpeError, load_bpe, train_bpe
+from transformer_mt.data.dataset import split_paths
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
+
+
+class PrepareError(ValueError):
+    """A problem with the input data that the user can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """One split's two parallel files and the config key that names them."""
+
+    name: str  # train, valid or test
+    src: Path
+    tgt: Path
+    key: str  # e.g. data.train
+
+
+def split_files(cfg: Config) -> list[SplitFiles]:
+    """The splits the config names; ``data.test: ""`` means no test split."""
+    d = cfg.data
+    prefixes = {"train": d.train, "valid": d.valid, "test": d.test}
+    return [
+        SplitFiles(name, Path(f"{prefix}.{d.src_lang}"), Path(f"{prefix}.{d.tgt_lang}"), f"data.{name}")
+        for name, prefix in prefixes.items()
+        if prefix
+    ]
+
+
+def prepare_hash(cfg: Config) -> str:
+    """Hash of the config keys that change the prepared data (``data.workers`` does not)."""
+    return config_hash(dataclasses.replace(cfg.data, workers=0)) + config_hash(cfg.bpe)
+
+
+def load_manifest(data_dir: str | Path) -> dict[str, Any] | None:
+    """The manifest of a complete prepare in ``data_dir``, or None."""
+    path = Path(data_dir) / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def is_prepared(cfg: Config) -> bool:
+    """True when ``data.dir`` holds a complete prepare of the current inputs and config."""
+    manifest = load_manifest(cfg.data.dir)
+    splits = split_files(cfg)
+    if manifest is None or not all(f.src.is_file() and f.tgt.is_file() for f in splits):
+        return False
+    return _up_to_date(manifest, cfg, _fingerprints(splits, manifest, quiet=True))
+
+
+def prepare_data(cfg: Config, force: bool = False) -> Path:
+    """Make ``data.dir`` up to date with the inputs and config, and return it."""
+    out = Path(cfg.data.dir)
+    _maybe_synthesize(cfg)
+    splits = split_files(cfg)
+    _check_present(cfg, splits)
+    old = load_manifest(out)
+    fingerprints = _fingerprints(splits, old)
+    _check_line_counts(splits, fingerprints)
+    if not force and old is not None and _up_to_date(old, cfg, fingerprints):
+        _say(f"{out} is up to date (inputs and data/bpe config unchanged); nothing to do. --force redoes it.")
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    _remove_stale_work_dirs(out)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as tmp:
+        manifest = _prepare_in(Path(tmp), cfg, splits, fingerprints)
+        for name in manifest["files"]:
+            os.replace(Path(tmp) / name, out / name)
+    _write_json_atomic(out / MANIFEST, manifest)
+    _say(_summary(out, manifest))
+    return out
+
+
+def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints: dict) -> dict[str, Any]:
+    """Every step into the work directory; returns the manifest (not yet written)."""
+    workers = cfg.data.workers or os.cpu_count() or 1
+    seconds, start = {}, time.perf_counter()
+    stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)]["lines"]) for s in splits}
+    seconds["clean"] = time.perf_counter() - start
+    vocab_size = _learn_bpe(work, cfg, stats["train"]["bpe_sample"], workers)
+    seconds["bpe"] = time.perf_counter() - start - seconds["clean"]
+    dtype = np.uint16 if vocab_size < 65536 else np.int32
+    files = [MODEL_NAME, VOCAB_NAME]
+    for s in splits:
+        files += _binarize_split(work, cfg, s, stats[s.name], dtype, workers)
+    seconds["encode"] = time.perf_counter() - start - seconds["clean"] - seconds["bpe"]
+    return {
+        "format": FORMAT_VERSION,
+        "src_lang": cfg.data.src_lang,
+        "tgt_lang": cfg.data.tgt_lang,
+        "vocab_size": vocab_size,
+        "ids_dtype": np.dtype(dtype).name,
+        "config_hash": prepare_hash(cfg),
+        "config": {"data": dataclasses.asdict(cfg.data), "bpe": dataclasses.asdict(cfg.bpe)},
+        "inputs": fingerprints,
+        "splits": stats,
+        "files": files,
+        "seconds": {step: round(t, 3) for step, t in seconds.items()},
+        "workers": workers,
+    }
+
+
+def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> dict[str, Any]:
+    try:
+        stats = _clean_split(s, cfg, work, lines)
+    except clean.InputError as err:
+        raise PrepareError(str(err)) from None
+    if stats["sentences"] == 0:
+        raise PrepareError(_empty_message(s, stats))
+    return stats
+
+
+def _learn_bpe(work: Path, cfg: Config, sample_size: int, workers: int) -> int:
+    """Train sentencepiece on the sample into ``work/spm.{model,vocab}``; returns the vocabulary size."""
+    _say(f"learning a joint BPE of {cfg.bpe.vocab_size} pieces from {sample_size} sentences")
+    try:
+        model = train_bpe(
+            work / "bpe_sample.txt", work / "spm", cfg.bpe.vocab_size, cfg.bpe.character_coverage, workers
+        )
+    except BpeError as err:
+        raise PrepareError(str(err)) from None
+    os.replace(model, work / MODEL_NAME)
+    os.replace(work / "spm.vocab", work / VOCAB_NAME)
+    return load_bpe(work / MODEL_NAME).get_piece_size()
+
+
+def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: type, workers: int) -> list[str]:
+    d = cfg.data
+    writers = [binarize.SideWriter(*split_paths(work, s.name, lang), dtype) for lang in (d.src_lang, d.tgt_lang)]
+    try:
+        src_tokens, tgt_tokens = binarize.encode_split(
+            work / MODEL_NAME,
+            work / f"{s.name}.src.txt",
+            work / f"{s.name}.tgt.txt",
+            *writers,
+            pairs=stats["sentences"],
+            workers=workers,
+        )
+    finally:
+        for w in writers:
+            w.close()
+    stats.update(src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    return [p.name for lang in (d.src_lang, d.tgt_lang) for p in split_paths(work, s.name, lang)]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _maybe_synthesize(cfg: Config) -> None:
+    """Generate the toy corpus at the train prefix's directory when ``data.synth`` and files are missing."""
+    if not cfg.data.synth or all(f.src.is_file() and f.tgt.is_file() for f in split_files(cfg)):
+        return
+    from transformer_mt.data.synthetic import write_corpus
+
+    corpus = Path(cfg.data.train).parent
+    expected = {"data.train": corpus / "train", "data.valid": corpus / "valid", "data.test": corpus / "test"}
+    given = {"data.train": cfg.data.train, "data.valid": cfg.data.valid, "data.test": cfg.data.test}
+    for key, path in expected.items():
+        if given[key] and Path(given[key]) != path:
+            raise PrepareError(
+                f"data.synth writes the toy corpus as {corpus}/{{train,valid,test}}, but {key} is {given[key]!r}; "
+                f"set {key}: {path} (or data.synth: false and point {key} at existing files)"
+            )
+    _say(f"generating the toy corpus in {corpus} ({cfg.data.synth_pairs} training pairs, seed {cfg.train.seed})")
+    write_corpus(
+        corpus,
+        cfg.data.synth_pairs,
+        SYNTH_HELD_OUT,
+        SYNTH_HELD_OUT,
+        cfg.train.seed,
+        cfg.data.src_lang,
+        cfg.data.tgt_lang,
+    )
+
+
+def _check_present(cfg: Config, splits: list[SplitFiles]) -> None:
+    for key in ("train", "valid"):
+        if not getattr(cfg.data, key):
+            raise PrepareError(f"data.{key} is empty; it must name the {key} files' prefix (only data.test may be '')")
+    for s in splits:
+        for path in (s.src, s.tgt):
+            if not path.is_file():
+                hint = "" if cfg.data.synth else "; for the toy corpus run `tmt synth` or set data.synth: true"
+                raise PrepareError(
+                    f"missing input file {path}: {s.key} is {str(s.src)[: -len(cfg.data.src_lang) - 1]!r}, so prepare "
+                    f"reads {s.src} and {s.tgt} (relative to {Path.cwd()}); fix {s.key}, data.src_lang or "
+                    f"data.tgt_lang{hint}"
+                )
+
+
+def _fingerprints(splits: list[SplitFiles], old: dict | None, quiet: bool = False) -> dict[str, dict]:
+    """sha256, line count, size and mtime of each input file.
+
+    A file whose size and mtime match the old manifest keeps its recorded
+    hash, so checking an unchanged WMT-size corpus costs no reading.
+    """
+    known = (old or {}).get("inputs", {})
+    result = {}
+    for path in sorted({p for s in splits for p in (s.src, s.tgt)}):
+        st = path.stat()
+        prev = known.get(str(path))
+        if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+            result[str(path)] = prev
+        else:
+            result[str(path)] = _hash_file(path, st.st_size, quiet) | {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return result
+
+
+def _hash_file(path: Path, size: int, quiet: bool) -> dict[str, Any]:
+    digest, lines, last = hashlib.sha256(), 0, b"\n"
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=size, desc=f"hash {path.name}", unit="B", unit_scale=True, leave=False, disable=quiet or None
+        ) as bar,
+    ):
+        while block := f.read(1 << 22):
+            digest.update(block)
+            lines += block.count(b"\n")
+            last = block[-1:]
+            bar.update(len(block))
+    return {"sha256": digest.hexdigest(), "lines": lines + (last != b"\n")}
+
+
+def _check_line_counts(splits: list[SplitFiles], fingerprints: dict[str, dict]) -> None:
+    for s in splits:
+        n_src, n_tgt = fingerprints[str(s.src)]["lines"], fingerprints[str(s.tgt)]["lines"]
+        if n_src != n_tgt:
+            raise PrepareError(
+                f"{s.key}: {s.src} has {n_src} lines but {s.tgt} has {n_tgt}; line N of one must be the "
+                "translation of line N of the other, so fix the files (an extra or missing line break)"
+            )
+
+
+def _up_to_date(manifest: dict, cfg: Config, fingerprints: dict) -> bool:
+    return (
+        manifest.get("format") == FORMAT_VERSION
+        and manifest.get("config_hash") == prepare_hash(cfg)
+        and {k: v["sha256"] for k, v in manifest.get("inputs", {}).items()}
+        == {k: v["sha256"] for k, v in fingerprints.items()}
+        and all((Path(cfg.data.dir) / name).is_file() for name in manifest.get("files", []))
+    )
+
+
+# ---------------------------------------------------------------- cleaning
+
+
+def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> dict[str, Any]:
+    """Normalize and filter one split into ``work/{split}.{src,tgt}.txt``; sample BPE input from train.
+
+    Returns the counts: pairs read, kept (``sentences``) and dropped per reason.
+    """
+    train = s.name == "train"
+    reservoir = Reservoir(cfg.bpe.sample_sentences, random.Random(cfg.bpe.seed)) if train else None
+    dropped: Counter[str] = Counter()
+    read = kept = 0
+    src_in, tgt_in = clean.read_lines(s.src), clean.read_lines(s.tgt)
+    with (
+        open(work / f"{s.name}.src.txt", "w", encoding="utf-8") as fs,
+        open(work / f"{s.name}.tgt.txt", "w", encoding="utf-8") as ft,
+        tqdm(total=total, desc=f"clean {s.name}", unit="pairs", leave=False) as bar,
+    ):
+        for raw_src, raw_tgt in zip(src_in, tgt_in, strict=True):
+            read += 1
+            if read % 4096 == 0:
+                bar.update(4096)
+            src, tgt = _clean_pair(raw_src, raw_tgt, s, cfg, dropped, train)
+            if src is None:
+                continue
+            fs.write(src + "\n")
+            ft.write(tgt + "\n")
+            kept += 1
+            if reservoir is not None:
+                reservoir.add(src)
+                reservoir.add(tgt)
+        bar.update(read % 4096)
+    stats = {"read": read, "sentences": kept, "dropped": dict(dropped)}
+    if reservoir is not None:
+        stats["bpe_sample"] = reservoir.write(work / "bpe_sample.txt")
+    return stats
+
+
+def _clean_pair(
+    raw_src: str, raw_tgt: str, s: SplitFiles, cfg: Config, dropped: Counter, train: bool
+) -> tuple[str, str] | tuple[None, None]:
+    src, tgt = clean.normalize(raw_src), clean.normalize(raw_tgt)
+    if train:
+        reason = clean.filter_reason(src, tgt, cfg.data.max_len, cfg.data.max_ratio)
+    else:
+        reason = clean.EMPTY if not src or not tgt else None
+    if reason is not None:
+        dropped[reason] += 1
+        return None, None
+    return src, tgt
+
+
+class Reservoir:
+    """A uniform random sample of ``k`` items from a stream of unknown length (Li's algorithm L).
+
+    Memory is ``k`` items however long the stream; the random skips make
+    adding an item not sampled cost one comparison.
+    """
+
+    def __init__(self, k: int, rng: random.Random) -> None:
+        self.k, self.rng, self.items, self.seen = k, rng, [], 0
+        self._w = math.exp(math.log(self._u()) / k) if k > 0 else 0.0
+        self._next = k + self._skip()
+
+    def _u(self) -> float:
+        return self.rng.random() or 1e-300
+
+    def _skip(self) -> int:
+        return int(math.log(self._u()) / math.log1p(-self._w)) if 0.0 < self._w < 1.0 else 0
+
+    def add(self, item: str) -> None:
+        if self.seen < self.k:
+            self.items.append(item)
+        elif self.seen == self._next and self.k > 0:
+            self.items[self.rng.randrange(self.k)] = item
+            self._w *= math.exp(math.log(self._u()) / self.k)
+            self._next += 1 + self._skip()
+        self.seen += 1
+
+    def write(self, path: Path) -> int:
+        """Write the sample one item a line; returns how many."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(item + "\n" for item in self.items)
+        return len(self.items)
+
+
+def _empty_message(s: SplitFiles, stats: dict) -> str:
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in stats["dropped"].items()) or "no lines"
+    if s.name == "train":
+        fix = "relax data.max_len and/or data.max_ratio (e.g. --set data.max_ratio=3), or check the files"
+    else:
+        fix = f"every pair in {s.src} / {s.tgt} has an empty side; check {s.key}"
+    return f"{s.key}: no sentence pairs left after cleaning {stats['read']} read ({reasons}); {fix}"
+
+
+# ---------------------------------------------------------------- output
+
+
+def _remove_stale_work_dirs(out: Path) -> None:
+    """Work directories of runs that were killed (an exception cleans up its own)."""
+    for stale in out.glob(".prepare-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _summary(out: Path, manifest: dict) -> str:
+    lines = [f"prepared {out}: joint BPE vocabulary of {manifest['vocab_size']} pieces"]
+    for name, st in manifest["splits"].items():
+        dropped = ", ".join(f"{r}: {n}" for r, n in st["dropped"].items()) or "none"
+        lines.append(
+            f"  {name:5s} {st['sentences']:>10,} pairs of {st['read']:,} read "
+            f"({st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens); dropped: {dropped}"
+        )
+    return "\n".join(lines)
+
+
+def _say(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)

@@ -1,0 +1,69 @@
+"""`tmt data-stats`: what the prepared data looks like to the trainer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_mt.config import Config
+from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
+from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.prepare import PrepareError, load_manifest
+
+PERCENTILES = (50, 90, 99)
+
+
+def positions(batches: list[np.ndarray], lens: np.ndarray) -> tuple[int, int]:
+    """(real tokens, padded positions = sentences x longest) over ``batches``, for one side."""
+    real = sum(int(lens[b].sum()) for b in batches)
+    padded = sum(len(b) * int(lens[b].max()) for b in batches if len(b))
+    return real, padded
+
+
+def padding_fraction(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> dict[str, float]:
+    """Share of padding among the positions of ``batches``: per side and over both sides together."""
+    (rs, ps), (rt, pt) = positions(batches, src_lens), positions(batches, tgt_lens)
+    return {"src": _share(rs, ps), "tgt": _share(rt, pt), "all": _share(rs + rt, ps + pt)}
+
+
+def _share(real: int, padded: int) -> float:
+    return 1.0 - real / padded if padded else 0.0
+
+
+def _length_line(name: str, lens: np.ndarray) -> str:
+    pct = "  ".join(f"p{p} {int(np.percentile(lens, p))}" for p in PERCENTILES)
+    return f"    {name} length (tokens incl. EOS/BOS): mean {lens.mean():.1f}  {pct}  max {int(lens.max())}"
+
+
+def format_stats(cfg: Config) -> str:
+    """A report of every prepared split, and of the training batches at ``train.max_tokens``."""
+    manifest = load_manifest(cfg.data.dir)
+    if manifest is None:
+        raise PrepareError(f"{cfg.data.dir} holds no complete prepared data; run `tmt prepare CONFIG` first")
+    d = cfg.data
+    lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest['vocab_size']}, ids stored as {manifest['ids_dtype']}"]
+    for split, st in manifest["splits"].items():
+        ds = ParallelDataset(d.dir, split, d.src_lang, d.tgt_lang)
+        dropped = ", ".join(f"{r} {n}" for r, n in st["dropped"].items()) or "none"
+        lines.append(
+            f"  {split}: {len(ds):,} pairs ({st['read']:,} read, dropped: {dropped}); "
+            f"{st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens"
+        )
+        lines.append(_length_line("source", ds.src_lens))
+        lines.append(_length_line("target", ds.tgt_lens))
+    lines.append(_batch_line(cfg))
+    return "\n".join(lines)
+
+
+def _batch_line(cfg: Config) -> str:
+    ds = ParallelDataset(cfg.data.dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
+    max_tokens = cfg.train.max_tokens
+    order = ordered_indices(ds.src_lens, ds.tgt_lens, (cfg.train.seed, 1))
+    batches = batch_by_size(order, ds.src_lens, ds.tgt_lens, max_tokens)
+    pad = padding_fraction(batches, ds.src_lens, ds.tgt_lens)
+    sizes = np.array([len(b) for b in batches])
+    n_long = int(too_long(ds.src_lens, ds.tgt_lens, max_tokens).sum())
+    return (
+        f"  train batches at train.max_tokens={max_tokens}: {len(batches):,} per epoch, "
+        f"{sizes.mean():.1f} sentences each on average; padding {pad['all']:.1%} of all positions "
+        f"({pad['src']:.1%} of source, {pad['tgt']:.1%} of target); {n_long} sentences longer than max_tokens skipped"
+    )
