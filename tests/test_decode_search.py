@@ -1,0 +1,456 @@
+"""Beam search: exact hypotheses and scores on fake decoders with hand-set probabilities, and a real tiny Transformer.
+
+The fake decoder's next-token distribution is a function of (sentence, prefix)
+only. It reads the sentence from the cached cross-attention state and the
+prefix from the cached self-attention state, so a wrong cache reorder or a
+wrong row dropped when a sentence finishes changes the probabilities and
+fails the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
+from transformer_mt.decode.search import Hypothesis, beam_search, length_penalty, max_output_lengths
+from transformer_mt.model.transformer import Transformer
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+A, B_ = 4, 5  # the two "word" tokens of the fake vocabulary
+V = 6  # PAD, UNK, BOS, EOS, A, B_
+
+Table = Callable[[int, tuple[int, ...]], list[float]]  # (sentence, prefix) -> probabilities over V
+
+
+@dataclass
+class FakeEnc:
+    sent: torch.Tensor  # (B,) sentence id of each row
+
+    def reorder(self, index: torch.Tensor) -> FakeEnc:
+        return FakeEnc(self.sent.index_select(0, index))
+
+
+@dataclass
+class FakeCache:
+    sent: torch.Tensor  # (B,) the "cross-attention state": which sentence each row belongs to
+    prefix: torch.Tensor  # (B, T) the "self-attention state": target tokens fed so far
+
+    @property
+    def length(self) -> int:
+        return self.prefix.shape[1]
+
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> FakeCache:
+        self.prefix = self.prefix.index_select(0, index)
+        if cross:
+            self.sent = self.sent.index_select(0, index)
+        return self
+
+
+class FakeModel:
+    """A decoder whose probabilities are looked up in ``table(sentence, prefix)``; the sentence id is src[:, 0]."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.decode_calls = 0
+
+    def encode(self, src: torch.Tensor) -> FakeEnc:
+        return FakeEnc(src[:, 0].clone())
+
+    def init_cache(self, enc: FakeEnc) -> FakeCache:
+        return FakeCache(enc.sent.clone(), torch.zeros(enc.sent.shape[0], 0, dtype=torch.long))
+
+    def decode(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
+        self.decode_calls += 1
+        if cache is None:
+            sent, full = enc.sent, tgt_in
+        else:
+            assert torch.equal(enc.sent, cache.sent), "encoder output and cache rows disagree"
+            cache.prefix = torch.cat([cache.prefix, tgt_in], dim=1)
+            sent, full = cache.sent, cache.prefix
+        assert bool((full[:, 0] == BOS).all())
+        out = torch.empty(full.shape[0], tgt_in.shape[1], V)
+        T = full.shape[1]
+        for r in range(full.shape[0]):
+            for j in range(tgt_in.shape[1]):
+                prefix = tuple(full[r, 1 : T - tgt_in.shape[1] + j + 1].tolist())
+                probs = torch.tensor(self.table(int(sent[r]), prefix), dtype=torch.float64)
+                out[r, j] = probs.log().float()  # log(0) = -inf: impossible tokens
+        return out
+
+
+def probs(eos: float = 0.0, a: float = 0.0, b: float = 0.0, unk: float = 0.0) -> list[float]:
+    return [0.0, unk, 0.0, eos, a, b]
+
+
+def fake_src(sentence_ids: list[int], src_len: int) -> torch.Tensor:
+    rows = [[s + 10] + [7] * (src_len - 1) + [EOS] for s in sentence_ids]
+    return torch.tensor(rows)
+
+
+def hyp_tuples(hyps: list[Hypothesis]) -> list[tuple[int, ...]]:
+    return [tuple(h.tokens) for h in hyps]
+
+
+# --- length penalty and maximum length: the formulas ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 30])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 1.7])
+def test_length_penalty_formulas(length: int, alpha: float) -> None:
+    assert length_penalty(float(length), alpha, "gnmt") == pytest.approx(((5 + length) / 6) ** alpha)
+    assert length_penalty(float(length), alpha, "fairseq") == pytest.approx(length**alpha)
+    t = length_penalty(torch.tensor([float(length)]), alpha, "gnmt")
+    assert float(t[0]) == pytest.approx(((5 + length) / 6) ** alpha)
+
+
+def test_length_penalty_gnmt_values() -> None:
+    assert length_penalty(1.0, 0.6, "gnmt") == 1.0  # (5 + 1) / 6 = 1
+    assert length_penalty(7.0, 1.0, "gnmt") == 2.0
+    with pytest.raises(ValueError, match="unknown length penalty form"):
+        length_penalty(3.0, 0.6, "average")  # type: ignore[arg-type]
+
+
+def test_max_output_lengths_formula_and_cap() -> None:
+    src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD], [EOS, PAD, PAD, PAD]])  # src_len 3, 1, 0
+    assert max_output_lengths(src, 1.0, 50).tolist() == [53, 51, 50]
+    assert max_output_lengths(src, 1.5, 2).tolist() == [6, 3, 2]  # floor(1.5 * 1 + 2) = 3
+    assert max_output_lengths(src, 1.0, 50, max_positions=52).tolist() == [51, 51, 50]  # BOS + 51 = 52 positions
+
+
+# --- exact hypotheses on a hand-set decoder ---------------------------------------------------------------------------
+
+
+def hand_table(s: int, prefix: tuple[int, ...]) -> list[float]:
+    """P(a)=.6, P(b)=.4; after a: EOS .4 a .5 b .1; after b: EOS .8 a .1 b .1; after aa: EOS 1; otherwise EOS .5."""
+    return {
+        (): probs(a=0.6, b=0.4),
+        (A,): probs(eos=0.4, a=0.5, b=0.1),
+        (B_,): probs(eos=0.8, a=0.1, b=0.1),
+        (A, A): probs(eos=1.0),
+    }.get(prefix, probs(eos=0.5, a=0.25, b=0.25))
+
+
+def test_beam2_hand_computed_hypotheses_and_scores() -> None:
+    """Worked by hand, beam 2, alpha 0 (scores are log-probabilities).
+
+    step 0: candidates a .6, b .4 -> live a, b
+    step 1: b.EOS .32, aa .30, a.EOS .24, ab .06 -> b.EOS finished (ranked 1st); live aa, ab
+            (a.EOS ranks 3rd, outside the beam: dropped)
+    step 2: aa.EOS .30, ab.EOS .03, aba .015, abb .015 -> both EOS finished; kept: b (.32), aa (.30)
+            best live .015 cannot reach .30: done after 3 decoder steps although max length is 10.
+    """
+    model = FakeModel(hand_table)
+    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=10, nbest=2)
+    assert hyp_tuples(hyps) == [(B_,), (A, A)]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.32), abs=1e-5)
+    assert hyps[1].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
+    assert hyps[0].score == pytest.approx(math.log(0.32), abs=1e-5)
+    assert model.decode_calls == 3
+
+
+def test_beam2_gnmt_penalty_reorders_hypotheses() -> None:
+    """alpha 1: b.EOS -> log .32 / ((5+2)/6) = -0.976; aa.EOS -> log .30 / ((5+3)/6) = -0.903: aa now wins."""
+    [hyps] = beam_search(
+        FakeModel(hand_table), torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=3, nbest=2
+    )
+    assert hyp_tuples(hyps) == [(A, A), (B_,)]
+    assert hyps[0].score == pytest.approx(math.log(0.30) / (8 / 6), abs=1e-5)
+    assert hyps[1].score == pytest.approx(math.log(0.32) / (7 / 6), abs=1e-5)
+    assert hyps[0].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
+    fair = beam_search(
+        FakeModel(hand_table), torch.tensor([[EOS]]), 2, 1.0, "fairseq", max_len_a=0, max_len_b=3, nbest=2
+    )[0]
+    assert hyp_tuples(fair) == [(A, A), (B_,)]  # log .30 / 3 = -0.401 beats log .32 / 2 = -0.570
+    assert fair[0].score == pytest.approx(math.log(0.30) / 3, abs=1e-5)
+
+
+def test_beam1_is_greedy_on_hand_table() -> None:
+    """Greedy: a (.6), then a (.5), then EOS (1.0); beam 2 found b instead (higher probability, alpha 0)."""
+    [hyps] = beam_search(FakeModel(hand_table), torch.tensor([[EOS]]), beam_size=1, len_penalty=0.0, max_len_b=10)
+    assert hyp_tuples(hyps) == [(A, A)]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
+
+
+# --- early stopping ---------------------------------------------------------------------------------------------------
+
+
+def late_winner_table(s: int, prefix: tuple[int, ...]) -> list[float]:
+    """EOS .5 / a .5 at the start and after a; after aa EOS is certain."""
+    if prefix == (A, A):
+        return probs(eos=1.0)
+    return probs(eos=0.5, a=0.5)
+
+
+def test_early_stop_waits_while_a_live_hypothesis_can_still_win() -> None:
+    """gnmt alpha 1, beam 2. After step 1 two are finished: '' (log .5 / 1 = -0.693) and 'a'
+    (log .25 / (7/6) = -1.188), but live 'aa' (log .25) could still reach log .25 / lp(11) = -0.52:
+    the search goes on and 'aa' (log .25 / (8/6) = -1.040) replaces 'a'. Stopping at k finished would miss it.
+    """
+    model = FakeModel(late_winner_table)
+    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10, nbest=2)
+    assert hyp_tuples(hyps) == [(), (A, A)]
+    assert hyps[1].score == pytest.approx(math.log(0.25) / (8 / 6), abs=1e-5)
+    assert model.decode_calls == 3  # then nothing live is left
+
+
+def test_early_stop_bound_uses_max_length_penalty() -> None:
+    """With alpha 0 the bound is the live log-probability itself: the search stops at the first step where
+    the best live hypothesis falls below the worst of k finished ones, long before the maximum length."""
+
+    def table(s: int, prefix: tuple[int, ...]) -> list[float]:
+        return probs(eos=0.7, a=0.2, b=0.1)
+
+    model = FakeModel(table)
+    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=40, nbest=2)
+    # step 0: EOS .7 finished, live a .2, b .1; step 1: a.EOS .14 finished (2 now, worst .14); live aa .04 < .14: done.
+    assert hyp_tuples(hyps) == [(), (A,)]
+    assert model.decode_calls == 2
+
+
+# --- maximum length ---------------------------------------------------------------------------------------------------
+
+
+def never_ending(s: int, prefix: tuple[int, ...]) -> list[float]:
+    return probs(eos=1e-6, a=0.6, b=0.4 - 1e-6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_max_length_forces_eos(beam: int) -> None:
+    src = fake_src([0, 1, 2], src_len=3)
+    src[2, 2:] = torch.tensor([EOS, PAD])  # third sentence: src_len 2
+    model = FakeModel(never_ending)
+    out = beam_search(model, src, beam_size=beam, len_penalty=0.6, max_len_a=1.0, max_len_b=2, nbest=beam)
+    for hyps, expected in zip(out, [5, 5, 4], strict=True):
+        assert len(hyps) == beam
+        assert all(len(h.tokens) == expected for h in hyps)
+        assert all(EOS not in h.tokens for h in hyps)
+    best = out[0][0]
+    assert best.tokens == [A] * 5
+    assert best.log_prob == pytest.approx(5 * math.log(0.6) + math.log(1e-6), rel=1e-5)
+    assert best.score == pytest.approx(best.log_prob / ((5 + 6) / 6) ** 0.6, rel=1e-5)
+
+
+def test_max_positions_caps_length() -> None:
+    [hyps] = beam_search(FakeModel(never_ending), fake_src([0], 3), beam_size=2, max_len_b=50, max_positions=8)
+    assert len(hyps[0].tokens) == 7  # BOS + 7 tokens = 8 decoder positions
+
+
+# --- against exhaustive search and against a plain reference beam ----------------------------------------------------
+
+
+def random_table(seed: int, unk: bool = False, eos_bias: float = 0.0) -> Table:
+    def table(s: int, prefix: tuple[int, ...]) -> list[float]:
+        rng = random.Random(f"{seed}/{s}/{prefix}")
+        w = [rng.random() + 0.05 for _ in range(4)]
+        w[0] += eos_bias
+        return probs(eos=w[0], a=w[1], b=w[2], unk=w[3] if unk else 0.0)
+
+    return table
+
+
+def exhaustive(table: Table, s: int, max_len: int, alpha: float, form: str) -> list[tuple[float, tuple[int, ...]]]:
+    """Every hypothesis of up to max_len words (a, b) then EOS, with its normalized score, best first."""
+    out = []
+    for n in range(max_len + 1):
+        for words in itertools.product([A, B_], repeat=n):
+            lp = 0.0
+            for t in range(n + 1):
+                p = table(s, words[:t])
+                tok = words[t] if t < n else EOS
+                lp += math.log(p[tok] / sum(p))
+            out.append((lp / length_penalty(float(n + 1), alpha, form), words))  # type: ignore[arg-type]
+    return sorted(out, key=lambda x: -x[0])
+
+
+@pytest.mark.parametrize("form,alpha", [("gnmt", 0.6), ("gnmt", 0.0), ("fairseq", 1.0), ("gnmt", 2.0)])
+def test_wide_beam_equals_exhaustive_search(form: str, alpha: float) -> None:
+    """Beam 12 over words {a, b} with max length 3 keeps every prefix (at most 12 candidates per step), so its
+    12-best list must be the exhaustive 12 best of all 15 hypotheses, early stopping included."""
+    tables = [random_table(seed) for seed in range(3)]
+    model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
+    src = fake_src([0, 1, 2], src_len=3)
+    out = beam_search(model, src, beam_size=12, len_penalty=alpha, len_penalty_form=form, max_len_a=0, max_len_b=3,
+                      nbest=12)  # fmt: skip
+    for s, hyps in enumerate(out):
+        expected = exhaustive(tables[s], s, 3, alpha, form)[:12]
+        assert hyp_tuples(hyps) == [w for _, w in expected]
+        assert [h.score for h in hyps] == pytest.approx([sc for sc, _ in expected], abs=1e-5)
+
+
+def reference_beam(table: Table, s: int, k: int, alpha: float, max_len: int) -> list[Hypothesis]:
+    """The documented search for one sentence, written plainly with Python lists (gnmt penalty)."""
+
+    def lp(n: float) -> float:
+        return ((5 + n) / 6) ** alpha
+
+    live: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]
+    finished: list[Hypothesis] = []
+    for step in range(max_len + 1):
+        cands = []
+        for score, prefix in live:
+            p = table(s, prefix)
+            for tok in range(V):
+                if tok in (PAD, BOS) or p[tok] == 0 or (step == max_len and tok != EOS):
+                    continue
+                cands.append((score + math.log(p[tok] / sum(p)), prefix, tok))
+        cands.sort(key=lambda c: -c[0])
+        cands = cands[: 2 * k]
+        for score, prefix, tok in cands[:k]:
+            if tok == EOS:
+                finished.append(Hypothesis(list(prefix), score / lp(step + 1), score))
+        finished = sorted(finished, key=lambda h: -h.score)[:k]
+        live = [(score, prefix + (tok,)) for score, prefix, tok in cands if tok != EOS][:k]
+        if not live:
+            break
+        bound = live[0][0] / max(lp(step + 2), lp(max_len + 1))
+        if len(finished) == k and (k == 1 or bound < finished[-1].score):
+            break
+    return finished
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_batched_beam_matches_reference_beam(k: int) -> None:
+    """Eight sentences of different lengths in one batch (they finish at different steps and leave the batch)
+    against the plain one-sentence reference, with UNK as a third word so the beam has to prune."""
+    tables = [random_table(100 + i, unk=True, eos_bias=0.3 * (i % 3)) for i in range(8)]
+    model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
+    src_lens = [1, 4, 2, 6, 3, 1, 5, 2]
+    src = torch.full((8, 7), PAD)
+    for i, n in enumerate(src_lens):
+        src[i, : n + 1] = torch.tensor([i + 10] + [7] * (n - 1) + [EOS])
+    out = beam_search(model, src, beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=1, nbest=k)
+    for i, hyps in enumerate(out):
+        expected = reference_beam(tables[i], i, k, 0.6, src_lens[i] + 1)
+        assert hyp_tuples(hyps) == [tuple(h.tokens) for h in expected]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in expected], abs=1e-5)
+        assert [h.log_prob for h in hyps] == pytest.approx([h.log_prob for h in expected], abs=1e-5)
+
+
+def test_cached_equals_uncached_on_fake() -> None:
+    tables = [random_table(7 + i, unk=True) for i in range(4)]
+    src = fake_src([0, 1, 2, 3], src_len=4)
+    runs = []
+    for use_cache in (True, False):
+        model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
+        runs.append(beam_search(model, src, beam_size=3, nbest=3, max_len_b=2, use_cache=use_cache))
+    assert runs[0] == runs[1]
+
+
+def test_nbest_is_prefix_of_wider_nbest_and_validates() -> None:
+    src = fake_src([0, 1], src_len=2)
+    table = random_table(3, unk=True)
+    one = beam_search(FakeModel(table), src, beam_size=4, nbest=1, max_len_b=3)
+    four = beam_search(FakeModel(table), src, beam_size=4, nbest=4, max_len_b=3)
+    assert [h[0] for h in one] == [h[0] for h in four]
+    assert all(len(h) == 4 for h in four)
+    assert all(h[i].score >= h[i + 1].score for h in four for i in range(3))
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(FakeModel(table), src, beam_size=2, nbest=3)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(FakeModel(table), src, beam_size=0)
+
+
+# --- a real tiny Transformer -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
+    model = Transformer(cfg, vocab_size=24).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(6.0)  # sharper distributions than at init, so hypotheses differ and end
+        model.embed.weight[EOS].mul_(0.5)
+    return model
+
+
+def real_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths) + 1), PAD)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(4, 24, (n,), generator=g)
+        src[i, n] = EOS
+    return src
+
+
+def test_real_cached_equals_uncached(tiny_model: Transformer) -> None:
+    src = real_src([5, 9, 3, 7])
+    cached = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=1.0, max_len_b=6)
+    plain = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=1.0, max_len_b=6, use_cache=False)
+    for c, p in zip(cached, plain, strict=True):
+        assert hyp_tuples(c) == hyp_tuples(p)
+        assert [h.score for h in c] == pytest.approx([h.score for h in p], abs=1e-4)
+
+
+def test_real_batched_equals_one_at_a_time(tiny_model: Transformer) -> None:
+    lengths = [5, 9, 3, 1, 12]
+    src = real_src(lengths, seed=1)
+    batched = beam_search(tiny_model, src, beam_size=4, nbest=2, max_len_b=5)
+    for i, n in enumerate(lengths):
+        alone = beam_search(tiny_model, src[i : i + 1, : n + 1], beam_size=4, nbest=2, max_len_b=5)[0]
+        assert hyp_tuples(batched[i]) == hyp_tuples(alone)
+        assert [h.score for h in batched[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
+    assert len({len(h[0].tokens) for h in batched}) > 1  # sentences did end at different steps
+
+
+def greedy_loop(model: Transformer, src: torch.Tensor, max_len: int) -> list[int]:
+    """Argmax of the full-prefix decoder each step (PAD/BOS never), stop at EOS or force it at max_len."""
+    enc = model.encode(src)
+    tokens = [BOS]
+    with torch.no_grad():
+        for _ in range(max_len):
+            logits = model.decode(torch.tensor([tokens]), enc)[0, -1]
+            logits[[PAD, BOS]] = float("-inf")
+            tok = int(logits.argmax())
+            if tok == EOS:
+                break
+            tokens.append(tok)
+    return tokens[1:]
+
+
+def test_real_beam1_equals_greedy_loop(tiny_model: Transformer) -> None:
+    lengths = [5, 9, 3, 2]
+    src = real_src(lengths, seed=2)
+    out = beam_search(tiny_model, src, beam_size=1, max_len_a=1.0, max_len_b=3)
+    for i, n in enumerate(lengths):
+        assert out[i][0].tokens == greedy_loop(tiny_model, src[i : i + 1, : n + 1], n + 3)
+
+
+def test_unk_is_a_possible_token() -> None:
+    """Only PAD and BOS are excluded from generation; UNK is an ordinary token."""
+
+    def table(s: int, prefix: tuple[int, ...]) -> list[float]:
+        return probs(unk=0.9, eos=0.1) if not prefix else probs(eos=1.0)
+
+    [hyps] = beam_search(FakeModel(table), torch.tensor([[EOS]]), beam_size=1)
+    assert hyps[0].tokens == [UNK]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_cuda_equals_cpu(tiny_model: Transformer) -> None:
+    src = real_src([5, 9, 3, 7], seed=3)
+    cpu = beam_search(tiny_model, src, beam_size=4, nbest=2, max_len_b=6)
+    gpu_model = Transformer(tiny_model.cfg, vocab_size=24).cuda().eval()
+    gpu_model.load_state_dict(tiny_model.state_dict())
+    gpu = beam_search(gpu_model, src.cuda(), beam_size=4, nbest=2, max_len_b=6)
+    for c, g in zip(cpu, gpu, strict=True):
+        assert hyp_tuples(c) == hyp_tuples(g)
+        assert [h.score for h in c] == pytest.approx([h.score for h in g], abs=1e-3)

@@ -1,0 +1,204 @@
+"""`tmt translate` and `Translator`: line count and order, empty lines, n-best, averaging, bad input.
+
+A random-weight model on the toy BPE vocabulary is enough here: its outputs
+differ from sentence to sentence, so a translation put back on the wrong line
+is caught by comparing the batched result with one-at-a-time translation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.config import Config
+from transformer_mt.data.bpe import load_bpe
+from transformer_mt.decode.translate import (
+    TranslateError,
+    Translator,
+    batches_by_tokens,
+    read_text_lines,
+)
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.train.checkpoint import save_checkpoint
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_checkpoint(cfg: Config, path: Path, seed: int, with_spm: bool = True) -> dict[str, torch.Tensor]:
+    spm_path = Path(cfg.data.dir) / "spm.model"
+    vocab = load_bpe(spm_path).get_piece_size()
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, vocab)
+    with torch.no_grad():
+        model.embed.weight.mul_(8.0)  # peaky distributions: outputs differ by sentence and end before max length
+    state = {"model": model.state_dict(), "config": cfg.to_dict(), "update": seed}
+    if with_spm:
+        state["spm_model"] = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
+    save_checkpoint(path, state)
+    return model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def toy_cfg(prepared_toy: Config) -> Config:
+    # Short outputs keep the random model fast: at most half the source length + 4 tokens.
+    return dataclasses.replace(
+        prepared_toy, decode=dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=4, beam_size=3)
+    )
+
+
+@pytest.fixture(scope="module")
+def ckpts(toy_cfg: Config, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("ckpt")
+    paths = [root / "a.pt", root / "b.pt"]
+    for seed, path in enumerate(paths):
+        write_checkpoint(toy_cfg, path, seed)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def translator(ckpts: list[Path]) -> Translator:
+    t = Translator.from_checkpoints(ckpts[:1], device="cpu")
+    t.show_progress = False
+    return t
+
+
+@pytest.fixture(scope="module")
+def test_lines(toy_cfg: Config) -> list[str]:
+    return Path(f"{toy_cfg.data.test}.{toy_cfg.data.src_lang}").read_text(encoding="utf-8").splitlines()[:8]
+
+
+def test_order_and_empty_lines_kept(translator: Translator, test_lines: list[str]) -> None:
+    lines = [test_lines[0], "", *test_lines[1:5], "   \t ", test_lines[5], ""]
+    batched = translator.translate_lines(lines)
+    assert len(batched) == len(lines)
+    assert batched[1] == batched[6] == batched[8] == ""
+    one_by_one = [translator.translate_lines([line])[0] for line in lines]
+    assert batched == one_by_one
+    assert len(set(batched)) > 3  # the outputs really differ, so a shuffled line would be noticed
+
+
+def test_small_batches_give_same_output(ckpts: list[Path], test_lines: list[str], translator: Translator) -> None:
+    small = Translator.from_checkpoints(ckpts[:1], device="cpu", batch_tokens=20)
+    small.show_progress = False
+    assert small.translate_lines(test_lines) == translator.translate_lines(test_lines)
+
+
+def test_nbest(translator: Translator, test_lines: list[str]) -> None:
+    results = translator.translate_lines_nbest(test_lines[:3] + [""], nbest=3)  # beam 3 (toy_cfg)
+    assert [len(r) for r in results] == [3, 3, 3, 3]
+    for hyps in results[:3]:
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert all(h.log_prob <= 0 for h in hyps)
+    assert results[0][0].text == translator.translate_lines(test_lines[:1])[0]
+    assert results[3][0].text == ""
+    with pytest.raises(TranslateError, match="beam size"):
+        translator.translate_lines_nbest(test_lines[:1], nbest=4)
+
+
+def test_cli_files_and_nbest_format(ckpts: list[Path], test_lines: list[str], tmp_path: Path, translator) -> None:
+    src = tmp_path / "in.en"
+    lines = [test_lines[0], "", test_lines[1]]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "-i", str(src), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8").split("\n") == [*translator.translate_lines(lines), ""]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left behind
+
+    result = CliRunner().invoke(
+        app, ["translate", "-c", str(ckpts[0]), "--nbest", "2", "--beam", "3"], input=src.read_bytes()
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"]
+    assert all(len(r) == 3 for r in rows)
+    assert float(rows[0][1]) >= float(rows[1][1])
+    assert rows[2][2] == rows[3][2] == ""
+
+
+def test_stdin_without_final_newline_and_unicode_separators(ckpts: list[Path], test_lines: list[str]) -> None:
+    text = f"{test_lines[0]}\r\n{test_lines[1]} \u2028 {test_lines[2]}\n\n{test_lines[3]}"
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "--beam", "1"], input=text.encode())
+    assert result.exit_code == 0, result.output
+    out = result.stdout.split("\n")
+    assert len(out) == 5 and out[-1] == ""  # four input lines, four output lines
+    assert out[2] == ""
+
+
+def test_averaging_on_the_fly(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
+    averaged = Translator.from_checkpoints(ckpts, device="cpu", beam=2)
+    a = torch.load(ckpts[0], weights_only=True)["model"]
+    b = torch.load(ckpts[1], weights_only=True)["model"]
+    state = averaged.model.state_dict()
+    for key in a:
+        assert torch.allclose(state[key], (a[key].double() + b[key].double()).div(2).float(), atol=1e-7), key
+    assert averaged.decode_cfg.beam_size == 2  # the flag overrides the checkpoint's decode section
+    assert averaged.decode_cfg.len_penalty == toy_cfg.decode.len_penalty
+
+
+def test_different_models_cannot_be_averaged(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
+    other = dataclasses.replace(toy_cfg, model=dataclasses.replace(toy_cfg.model, d_ff=32))
+    write_checkpoint(other, tmp_path / "other.pt", 3)
+    with pytest.raises(TranslateError, match="only checkpoints of the same model"):
+        Translator.from_checkpoints([ckpts[0], tmp_path / "other.pt"], device="cpu")
+
+
+def test_checkpoint_without_bpe_model(toy_cfg: Config, tmp_path: Path) -> None:
+    write_checkpoint(toy_cfg, tmp_path / "bare.pt", 0, with_spm=False)
+    with pytest.raises(TranslateError, match=r"bare\.pt: the checkpoint holds no BPE model.*tmt average"):
+        Translator.from_checkpoints([tmp_path / "bare.pt"], device="cpu")
+    result = CliRunner().invoke(app, ["translate", "-c", str(tmp_path / "bare.pt")], input=b"hello\n")
+    assert result.exit_code == 2 and "tmt average" in result.output
+
+
+def test_invalid_utf8_names_the_line(ckpts: list[Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"fine\nalso fine\ncaf\xe9 latin1\n")
+    with pytest.raises(TranslateError, match=r"bad\.en, line 3: not valid UTF-8 \(byte 0xe9 at column 4\)"):
+        read_text_lines(io.BytesIO(bad.read_bytes()), str(bad))
+    out = tmp_path / "out.de"
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "-i", str(bad), "-o", str(out)])
+    assert result.exit_code == 2 and "line 3" in result.output
+    assert not out.exists()
+
+
+def test_overlong_line_is_truncated_with_warning(ckpts: list[Path], test_lines: list[str], capsys) -> None:
+    t = Translator.from_checkpoints(ckpts[:1], device="cpu", beam=1)
+    t.show_progress = False
+    t.cfg = dataclasses.replace(t.cfg, model=dataclasses.replace(t.cfg.model, max_positions=24))
+    long_line = " ".join(test_lines[:6])
+    out = t.translate_lines([test_lines[0], long_line])
+    assert len(out) == 2
+    err = capsys.readouterr().err
+    assert "line 2:" in err and "first 23 tokens" in err
+    assert len(t.encode(1, long_line)) == 24  # 23 tokens + EOS fill the model's positions
+
+
+def test_bad_flags(ckpts: list[Path]) -> None:
+    with pytest.raises(TranslateError, match="cannot exceed the beam size"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", beam=2, nbest=3)
+    with pytest.raises(TranslateError, match="--beam must be at least 1"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", beam=0)
+
+
+def test_batches_by_tokens_bound_and_cover() -> None:
+    lengths = [5, 30, 2, 7, 7, 100, 1, 12, 12, 3]
+    batches = batches_by_tokens(list(range(len(lengths))), lengths, 40)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
+    assert batches[0] == [5]  # longest first, alone since it exceeds the budget

@@ -1,0 +1,252 @@
+"""Scores: sacreBLEU as the library computes it, the paper's compound-split BLEU by hand, test sets offline."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.config import Config
+from transformer_mt.evaluate import (
+    EvaluateError,
+    compound_split,
+    evaluate_checkpoint,
+    fetch_testset,
+    format_scores,
+    moses_tokenize,
+    score_files,
+)
+
+SHARED = Path("/work/shared/data/wmt14_en_de")
+
+HYPS = [
+    "Die Fußgänger-Ampel ist alt.",
+    "Hallo, Welt!",
+    "Am Dienstag wurde die neue B 33-Fußgängerampel in Betrieb genommen.",
+]
+REFS = [
+    "Die Fußgänger-Ampel ist neu.",
+    "Hallo, Welt!",
+    "Am Dienstag ist in Gutach die neue B 33-Fußgängerampel in Betrieb genommen worden.",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_compound_split_is_the_perl_regex() -> None:
+    assert compound_split("Fußgänger-Ampel") == "Fußgänger ##AT##-##AT## Ampel"
+    # perl's s///g scans left to right without overlap: the 'b' consumed by the first match cannot start another.
+    assert compound_split("a-b-c d-e") == "a ##AT##-##AT## b-c d ##AT##-##AT## e"
+    assert compound_split("- x -y z- x - y") == "- x -y z- x - y"
+
+
+def test_moses_tokenization() -> None:
+    assert moses_tokenize(["Die Fußgänger-Ampel ist neu.", "Hallo, Welt!", "A & B"], "de") == [
+        "Die Fußgänger-Ampel ist neu .",
+        "Hallo , Welt !",
+        "A &amp; B",
+    ]
+    assert moses_tokenize(["„Ja“, sagte er…"], "de") == ["„ Ja &quot; , sagte er ..."]  # unicode punctuation replaced
+
+
+def test_paper_bleu_hand_counted(tmp_path: Path) -> None:
+    """Two sentences, counted by hand after tokenization and compound splitting:
+
+    hyp 1  Die Fußgänger ##AT##-##AT## Ampel ist alt .   (7 tokens)
+    ref 1  Die Fußgänger ##AT##-##AT## Ampel ist neu .   (7 tokens)
+           matches 1-gram 6/7, 2-gram 4/6, 3-gram 3/5, 4-gram 2/4
+    hyp 2 = ref 2 = Hallo , Welt !                         (4 tokens): 4/4, 3/3, 2/2, 1/1
+    corpus: 10/11, 7/9, 5/7, 3/5; lengths 11 = 11, so BP = 1.
+    Without compound splitting sentence 1 has only 2/4 bigrams and 0/2 4-grams: the split matters.
+    """
+    hyp, ref = write(tmp_path / "hyp", HYPS[:2]), write(tmp_path / "ref", REFS[:2])
+    scores = score_files(hyp, ref)
+    expected = 100 * math.exp((math.log(10 / 11) + math.log(7 / 9) + math.log(5 / 7) + math.log(3 / 5)) / 4)
+    p = scores["paper_bleu"]
+    assert p["score"] == pytest.approx(expected, abs=1e-3)
+    assert p["precisions"] == pytest.approx([1000 / 11, 700 / 9, 500 / 7, 60.0], abs=1e-3)
+    assert p["bp"] == 1.0 and p["hyp_len"] == p["ref_len"] == 11
+    assert "compound splitting" in p["metric"]
+    no_split = score_files(hyp, ref, lang="en")["paper_bleu"]  # English: tokenized only, 5 + 4 tokens
+    assert no_split["precisions"] == pytest.approx([800 / 9, 500 / 7, 300 / 5, 100 / 3], abs=1e-3)
+
+
+def test_sacrebleu_and_chrf_equal_the_library(tmp_path: Path) -> None:
+    hyp, ref = write(tmp_path / "hyp.de", HYPS), write(tmp_path / "ref.de", REFS)
+    scores = score_files(hyp, ref)
+    lib = sacrebleu.corpus_bleu(HYPS, [REFS])
+    assert scores["sacrebleu"]["score"] == pytest.approx(lib.score, abs=1e-4)
+    assert scores["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert scores["chrf"]["score"] == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score, abs=1e-4)
+    assert scores["sentences"] == 3
+    text = format_scores(scores)
+    assert "sacreBLEU" in text and "paper BLEU" in text and "tok:13a" in text
+
+
+def test_line_count_mismatch_names_both_files(tmp_path: Path) -> None:
+    hyp, ref = write(tmp_path / "hyp.de", HYPS[:2]), write(tmp_path / "ref.de", REFS)
+    with pytest.raises(EvaluateError, match=r"hyp\.de has 2 lines but .*ref\.de has 3"):
+        score_files(hyp, ref)
+    result = CliRunner().invoke(app, ["score", "--hyp", str(hyp), "--ref", str(ref)])
+    assert result.exit_code == 2 and "has 2 lines" in result.output
+
+
+def test_score_cli(tmp_path: Path) -> None:
+    hyp, ref = write(tmp_path / "hyp.de", HYPS), write(tmp_path / "ref.de", REFS)
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(app, ["score", "--hyp", str(hyp), "--ref", str(ref), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "paper BLEU" in result.stdout
+    assert json.loads(out.read_text())["sacrebleu"]["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+
+
+def test_unknown_testset_lists_the_known_ones() -> None:
+    with pytest.raises(EvaluateError, match="unknown test set 'newstest2099'; known: newstest2013, newstest2014"):
+        fetch_testset("newstest2099", "en", "de")
+    with pytest.raises(EvaluateError, match="no xx-de direction"):
+        fetch_testset("newstest2014", "xx", "de")
+
+
+# -- sacreBLEU's cache, in a fresh interpreter so that $SACREBLEU is read at import as in real use
+
+_NO_NETWORK = """
+import sys, sacrebleu.utils, sacrebleu.dataset.base
+def no_network(*args, **kwargs):
+    raise OSError("network is unreachable (test)")
+sacrebleu.utils.download_file = no_network
+sacrebleu.dataset.base.download_file = no_network
+if sys.argv[1] == "evaluate":
+    from transformer_mt.cli import app
+    app(sys.argv[1:])
+from transformer_mt.evaluate import EvaluateError, fetch_testset
+try:
+    src, ref = fetch_testset(sys.argv[1], "en", "de")
+    print(src.read_text().count(chr(10)), ref.read_text().count(chr(10)))
+except EvaluateError as err:
+    print("EvaluateError:", err)
+"""
+
+
+def run_offline(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run with $SACREBLEU set before sacreBLEU is imported, as a user would, and every download failing."""
+    env = {**os.environ, "SACREBLEU": str(cache), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", _NO_NETWORK, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def fill_sacrebleu_cache(cache: Path, src: list[str], ref: list[str]) -> None:
+    """What sacreBLEU leaves in its cache after processing wmt14/full en-de: one text file per field."""
+    d = cache / "wmt14" / "full"
+    d.mkdir(parents=True)
+    n = len(src)
+    fields = {"src": src, "ref": ref, "docid": ["doc1"] * n, "genre": ["news"] * n, "origlang": ["en"] * n}
+    for field, content in fields.items():
+        write(d / f"wmt14_full.en-de.{field}", content)
+
+
+def test_prefilled_sacrebleu_cache_works_offline(tmp_path: Path) -> None:
+    fill_sacrebleu_cache(tmp_path / "cache", [f"sentence {i} ." for i in range(3)], [f"Satz {i} ." for i in range(3)])
+    out = run_offline(tmp_path / "cache", "newstest2014")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3 3"
+
+
+def test_no_network_says_how_to_pass_local_files(tmp_path: Path) -> None:
+    out = run_offline(tmp_path / "empty", "newstest2013").stdout.strip()
+    assert out.startswith("EvaluateError: could not get newstest2013 (en-de) through sacreBLEU")
+    assert "--src FILE.en --ref FILE.de" in out
+
+
+# -- evaluate end to end on a random-weight toy checkpoint
+
+
+@pytest.fixture(scope="module")
+def toy_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import dataclasses
+
+    from test_decode_translate import write_checkpoint
+
+    cfg = dataclasses.replace(prepared_toy, decode=dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3))
+    path = tmp_path_factory.mktemp("eval") / "ckpt.pt"
+    write_checkpoint(cfg, path, seed=0)
+    return path
+
+
+def test_evaluate_local_files_offline(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path, capsys) -> None:
+    src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:4]
+    ref_lines = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:4]
+    src, ref = write(tmp_path / "nt.en", src_lines), write(tmp_path / "nt.de", ref_lines)
+    scores = evaluate_checkpoint([toy_ckpt], testset="newstest2014", src=src, ref=ref, output=tmp_path / "out", beam=2)
+    hyps = (tmp_path / "out" / "hyp.de").read_text(encoding="utf-8").split("\n")
+    assert len(hyps) == 5 and hyps[-1] == ""
+    saved = json.loads((tmp_path / "out" / "scores.json").read_text())
+    assert saved["testset"] == "newstest2014" and saved["decode"]["beam_size"] == 2
+    assert saved["sacrebleu"]["score"] == pytest.approx(sacrebleu.corpus_bleu(hyps[:-1], [ref_lines]).score)
+    assert scores["paper_bleu"] == saved["paper_bleu"]
+    assert "paper BLEU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the WMT14 newstest2014 files of the shared data directory")
+def test_evaluate_cli_on_newstest2014_lines(toy_ckpt: Path, tmp_path: Path) -> None:
+    src = write(tmp_path / "newstest2014.en", (SHARED / "newstest2014.en").read_text(encoding="utf-8").splitlines()[:3])
+    ref = write(tmp_path / "newstest2014.de", (SHARED / "newstest2014.de").read_text(encoding="utf-8").splitlines()[:3])
+    args = [
+        "evaluate",
+        "newstest2014",
+        "-c",
+        str(toy_ckpt),
+        "--src",
+        str(src),
+        "--ref",
+        str(ref),
+        "-o",
+        str(tmp_path / "o"),
+    ]
+    result = CliRunner().invoke(app, [*args, "--beam", "1"])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "o" / "hyp.de").read_text(encoding="utf-8").splitlines()) == 3
+    assert "sacreBLEU" in result.stdout
+
+
+def test_evaluate_named_testset_from_prefilled_cache(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path) -> None:
+    src = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:3]
+    ref = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:3]
+    fill_sacrebleu_cache(tmp_path / "cache", src, ref)
+    out = run_offline(tmp_path / "cache", "evaluate", "newstest2014", "-c", str(toy_ckpt), "-o", str(tmp_path / "o"))
+    assert out.returncode == 0, out.stderr
+    assert "sacreBLEU" in out.stdout
+    scores = json.loads((tmp_path / "o" / "scores.json").read_text())
+    assert scores["testset"] == "newstest2014" and scores["sentences"] == 3
+    assert scores["src"].endswith("wmt14_full.en-de.src")
+
+
+def test_evaluate_errors(toy_ckpt: Path, tmp_path: Path) -> None:
+    with pytest.raises(EvaluateError, match="unknown test set"):
+        evaluate_checkpoint([toy_ckpt], testset="newstest1999")
+    with pytest.raises(EvaluateError, match="pass both --src and --ref"):
+        evaluate_checkpoint([toy_ckpt], src=tmp_path / "x.en")
+    a, b = write(tmp_path / "a.en", ["one", "two"]), write(tmp_path / "b.de", ["eins"])
+    with pytest.raises(EvaluateError, match=r"a\.en has 2 lines but .*b\.de has 1"):
+        evaluate_checkpoint([toy_ckpt], src=a, ref=b)

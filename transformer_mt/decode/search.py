@@ -1,0 +1,290 @@
+"""Batched beam search with an incremental decoder cache (the paper's decoding, section 6.1).
+
+The search runs on any model with the decoding API of `transformer_mt.model`:
+``encode(src) -> enc``, ``init_cache(enc) -> cache``, ``decode(tgt_in, enc,
+cache) -> logits``, where ``enc.reorder(index)`` returns the rows ``index`` of
+the encoder output and ``cache.reorder(index, cross=...)`` keeps the rows
+``index`` of the cache in place. Nothing in the loop knows which model it runs.
+
+The search, per sentence, with beam size k (all sentences of a batch at once):
+
+1. The encoder runs once; the cross-attention keys/values are computed once
+   per sentence (``init_cache``) and copied to its k beams by ``reorder``.
+2. At each step every live hypothesis is extended by one token; the 2k best
+   extensions over (beam x vocabulary), by raw log-probability, are the
+   candidates. PAD and BOS are never generated.
+3. A candidate ending in EOS that ranks among the first k is *finished*: it is
+   set aside with its normalized score ``log_prob / length_penalty(length)``,
+   where ``length`` counts the generated tokens including EOS. An EOS
+   candidate ranked below k is outside the beam and dropped. The k best
+   candidates not ending in EOS are the live hypotheses of the next step.
+4. Early stopping. A sentence is done when (a) it has k finished hypotheses
+   and no live one can still beat the worst of the k best finished ones, or
+   (b) it has reached its maximum length. For (a) the bound is exact: a live
+   hypothesis with raw log-probability s <= 0 after t tokens can only lose
+   log-probability, and it will end with a length L in [t + 1, max_len + 1], so
+   its best possible normalized score is s / max(lp(t + 1), lp(max_len + 1))
+   (lp is monotonic in L for both penalty forms). Strictly below the worst
+   finished score means done. With k = 1 the search is greedy decoding: the
+   first time the best token is EOS the sentence is done, as in
+   tensor2tensor and Hugging Face, which also decode greedily for one beam.
+5. The maximum output length is ``max_len_a * src_len + max_len_b`` tokens
+   before EOS (the paper: source length + 50), ``src_len`` counting the source
+   tokens without EOS, capped so that BOS + output fits in ``max_positions``.
+   At that length EOS is forced: the remaining hypotheses are finished with
+   the model's own EOS log-probability.
+6. Done sentences leave the batch: their rows are dropped from the cache,
+   the encoder output and the search state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from transformer_mt.data.bpe import BOS, EOS, PAD
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished translation of a sentence.
+
+    ``tokens`` are target ids without BOS and EOS; ``log_prob`` is the sum of
+    the token log-probabilities (natural log, EOS included); ``score`` is
+    ``log_prob`` divided by the length penalty, the quantity the beam ranks.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def length_penalty(length: float | Tensor, alpha: float, form: Literal["gnmt", "fairseq"] = "gnmt") -> Any:
+    """The divisor of a hypothesis' log-probability; ``length`` in tokens, EOS included.
+
+    gnmt (Wu et al., 2016, the form the paper used with alpha 0.6):
+    ``((5 + length) / 6) ** alpha``; fairseq: ``length ** alpha``. Both are 1
+    when alpha is 0 (plain log-probability) and grow with length when alpha > 0.
+    """
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "fairseq":
+        return length**alpha
+    raise ValueError(f"unknown length penalty form {form!r}; use 'gnmt' or 'fairseq'")
+
+
+def max_output_lengths(
+    src: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None, pad_id: int = PAD
+) -> Tensor:
+    """Most tokens (before EOS) each sentence may generate: ``a * src_len + b``, capped by positions.
+
+    ``src`` (B, S) holds the source ids plus EOS, right-padded; ``src_len``
+    excludes EOS. The decoder reads BOS plus the generated tokens, so the cap
+    is ``max_positions - 1``. Returns a LongTensor (B,), at least 1.
+    """
+    src_len = (src.ne(pad_id).sum(dim=1) - 1).clamp(min=0).to(torch.float64)  # (B,)
+    max_len = torch.floor(max_len_a * src_len + max_len_b).long()
+    if max_positions is not None:
+        max_len = max_len.clamp(max=max_positions - 1)
+    return max_len.clamp(min=1)
+
+
+@dataclass
+class _Beams:
+    """The live part of the search: n active sentences x k beams, row r = sentence r // k, beam r % k."""
+
+    sent: Tensor  # (n,) index of each active sentence in the input batch
+    max_len: Tensor  # (n,) maximum output length, tokens before EOS
+    tokens: Tensor  # (n*k, t+1) BOS and the t tokens generated so far
+    scores: Tensor  # (n, k) raw log-probabilities of the live hypotheses, -inf for empty beams
+    enc: Any  # encoder output, n*k rows
+    cache: Any  # decoder cache, n*k rows (None when decoding without a cache)
+
+
+@dataclass
+class _Finished:
+    """The best finished hypotheses of every sentence, at most k each, best first."""
+
+    k: int
+    hyps: list[list[Hypothesis]]
+
+    def add(self, sentence: int, hyp: Hypothesis) -> None:
+        kept = self.hyps[sentence]
+        if len(kept) == self.k and hyp.score <= kept[-1].score:
+            return
+        kept.append(hyp)
+        kept.sort(key=lambda h: -h.score)  # stable: earlier (shorter) hypotheses win ties
+        del kept[self.k :]
+
+    def kth_score(self, sentence: int) -> float:
+        """The k-th best finished score, or -inf while fewer than k are finished (any hypothesis may still enter)."""
+        kept = self.hyps[sentence]
+        return kept[-1].score if len(kept) == self.k else NEG_INF
+
+
+@torch.no_grad()
+def beam_search(
+    model: Any,
+    src: Tensor,
+    beam_size: int = 4,
+    len_penalty: float = 0.6,
+    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+    max_positions: int | None = None,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
+
+    Returns, for each of the B sentences in input order, its ``nbest`` best
+    hypotheses (fewer only if fewer exist), best first. ``use_cache=False``
+    re-decodes the whole prefix every step (slow; for testing the cache).
+    See the module docstring for the exact search and stopping rules.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
+    k = beam_size
+    beams = _start(model, src, k, max_output_lengths(src, max_len_a, max_len_b, max_positions), use_cache)
+    finished = _Finished(k, [[] for _ in range(src.shape[0])])
+    step = 0
+    while beams.sent.numel() > 0:
+        lprobs = _next_log_probs(model, beams, use_cache)  # (n*k, V)
+        lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(k) == step)
+        cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
+        _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
+        live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
+        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form)
+        beams = _advance(beams, live_scores, live_beam, live_token, done, k)
+        step += 1
+    return [hyps[:nbest] for hyps in finished.hyps]
+
+
+def _start(model: Any, src: Tensor, k: int, max_len: Tensor, use_cache: bool) -> _Beams:
+    """Encode once, compute cross-attention state once per sentence, then copy both to k beams."""
+    B = src.shape[0]
+    enc = model.encode(src)
+    cache = model.init_cache(enc) if use_cache else None
+    rows = torch.arange(B, device=src.device).repeat_interleave(k)  # (B*k,)
+    enc = enc.reorder(rows)
+    if cache is not None:
+        cache.reorder(rows, cross=True)
+    scores = torch.full((B, k), NEG_INF, device=src.device)
+    scores[:, 0] = 0.0  # one live hypothesis (BOS) per sentence at the start; the other beams are empty
+    tokens = torch.full((B * k, 1), BOS, dtype=torch.long, device=src.device)
+    return _Beams(torch.arange(B, device=src.device), max_len.to(src.device), tokens, scores, enc, cache)
+
+
+def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
+    """Log-probabilities (n*k, V) of the next token of every live hypothesis, PAD and BOS excluded."""
+    if use_cache:
+        logits = model.decode(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]  # (n*k, V)
+    else:
+        logits = model.decode(beams.tokens, beams.enc)[:, -1]  # (n*k, V)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    lprobs[:, PAD] = NEG_INF
+    lprobs[:, BOS] = NEG_INF
+    return lprobs
+
+
+def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
+    """Rows at their maximum length (at_max (n*k,) bool) may only end: every token but EOS gets -inf."""
+    if not bool(at_max.any()):
+        return lprobs
+    only_eos = torch.full_like(lprobs, NEG_INF)
+    only_eos[:, EOS] = lprobs[:, EOS]
+    return torch.where(at_max[:, None], only_eos, lprobs)
+
+
+def _top_candidates(scores: Tensor, lprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2k best one-token extensions per sentence over (beam x vocab), by raw log-probability.
+
+    Returns scores, beam indices and tokens, each (n, 2k), best first. Empty
+    beams (-inf) only produce -inf candidates, which are never kept.
+    """
+    n = scores.shape[0]
+    V = lprobs.shape[-1]
+    total = scores[:, :, None] + lprobs.view(n, k, V)  # (n, k, V)
+    cand_scores, flat = total.view(n, k * V).topk(min(2 * k, k * V), dim=1)  # (n, 2k)
+    return cand_scores, flat // V, flat % V
+
+
+def _collect_finished(
+    finished: _Finished,
+    beams: _Beams,
+    cand_scores: Tensor,
+    cand_beam: Tensor,
+    cand_token: Tensor,
+    step: int,
+    alpha: float,
+    form: Literal["gnmt", "fairseq"],
+) -> None:
+    """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included."""
+    k = beams.scores.shape[1]
+    is_eos = (cand_token[:, :k] == EOS) & torch.isfinite(cand_scores[:, :k])  # (n, k)
+    if not bool(is_eos.any()):
+        return
+    penalty = float(length_penalty(float(step + 1), alpha, form))
+    for i, j in is_eos.nonzero().tolist():
+        row = i * k + int(cand_beam[i, j])
+        log_prob = float(cand_scores[i, j])
+        tokens = beams.tokens[row, 1:].tolist()
+        finished.add(int(beams.sent[i]), Hypothesis(tokens, log_prob / penalty, log_prob))
+
+
+def _select_live(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best candidates that do not end in EOS: scores, beams, tokens, each (n, k), best first."""
+    not_eos = cand_scores.masked_fill(cand_token == EOS, NEG_INF)
+    live_scores, pos = not_eos.topk(k, dim=1)  # (n, k)
+    return live_scores, cand_beam.gather(1, pos), cand_token.gather(1, pos)
+
+
+def _sentences_done(
+    finished: _Finished,
+    beams: _Beams,
+    live_scores: Tensor,
+    step: int,
+    alpha: float,
+    form: Literal["gnmt", "fairseq"],
+) -> Tensor:
+    """(n,) bool: the sentences whose result can no longer change (module docstring, rule 4)."""
+    k = beams.scores.shape[1]
+    best_live = live_scores[:, 0].double()  # (n,) raw log-probabilities, -inf when nothing is live
+    t = step + 1  # tokens of the live hypotheses after this step
+    lp_now = length_penalty(torch.tensor(float(t + 1), dtype=torch.float64), alpha, form)
+    lp_max = length_penalty(beams.max_len.double() + 1.0, alpha, form)
+    bound = best_live / torch.maximum(lp_max, lp_now)  # (n,) best normalized score a live one could reach
+    worst = torch.tensor([finished.kth_score(s) for s in beams.sent.tolist()], dtype=torch.float64)
+    worst = worst.to(bound.device)
+    # Greedy (k = 1): the first finished hypothesis is the result. Otherwise compare with the k-th best
+    # finished score, which is -inf (anything can still enter) while fewer than k are finished.
+    can_improve = torch.isinf(worst) if k == 1 else bound >= worst
+    return ~can_improve | torch.isinf(best_live) | (beams.max_len <= step)
+
+
+def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: Tensor, done: Tensor, k: int) -> _Beams:
+    """Append the chosen tokens, reorder the cache by beam and drop the done sentences, in one index_select."""
+    keep = (~done).nonzero().squeeze(1)  # (n',) positions of the sentences still active
+    shrink = keep.numel() < done.numel()
+    rows = (keep[:, None] * k + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
+    tokens = torch.cat([beams.tokens.index_select(0, rows), live_token.index_select(0, keep).view(-1, 1)], dim=1)
+    if beams.cache is not None:
+        beams.cache.reorder(rows, cross=shrink)  # beams of one sentence share the cross-attention state
+    enc = beams.enc
+    if shrink:
+        enc = enc.reorder((keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1))
+    return _Beams(
+        beams.sent.index_select(0, keep),
+        beams.max_len.index_select(0, keep),
+        tokens,
+        live_scores.index_select(0, keep),
+        enc,
+        beams.cache,
+    )

@@ -1,0 +1,236 @@
+"""`tmt evaluate` and `tmt score`: sacreBLEU, chrF and the paper's tokenized, compound-split BLEU.
+
+Two BLEU figures, because they answer different questions:
+
+- **sacreBLEU** (13a tokenization, cased, one reference) on detokenized
+  output: the standard, comparable figure, reported with its signature.
+- **The paper's BLEU**: what tensor2tensor's ``get_ende_bleu.sh`` computed for
+  the paper's tables. Hypotheses and references are passed through Moses'
+  ``replace-unicode-punctuation.perl`` and ``tokenizer.perl -l <lang>``
+  (`sacremoses`, same rules), hyphenated compounds are split with
+  ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`` (German targets, as for the paper's
+  en-de table), and BLEU is computed on the resulting tokens exactly as
+  ``multi-bleu.perl`` does (sacreBLEU with ``tokenize='none'`` and no
+  smoothing). It is usually higher than sacreBLEU on the same output, because
+  splitting compounds and punctuation creates many easy matches.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# Test sets by their WMT name, and the sacreBLEU test set that holds them.
+# newstest2014 is the full 3003-sentence set (sacreBLEU's "wmt14/full"), the one
+# tensor2tensor evaluated; sacreBLEU's "wmt14" is the 2737-sentence filtered subset.
+TESTSETS = {
+    "newstest2013": "wmt13",
+    "newstest2014": "wmt14/full",
+    "newstest2014-filtered": "wmt14",
+}
+
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+class EvaluateError(RuntimeError):
+    """Input problems a user can fix; the message names the files and the fix."""
+
+
+# -- the paper's metric
+
+
+def compound_split(line: str) -> str:
+    """tensor2tensor's ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``: same regex, same non-overlapping scan."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
+    """replace-unicode-punctuation.perl, then tokenizer.perl -l ``lang`` (default escaping, no -a), via sacremoses."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    punct = MosesPunctNormalizer(lang=lang)
+    tok = MosesTokenizer(lang=lang)
+    return [tok.tokenize(punct.replace_unicode_punct(line), return_str=True, escape=True) for line in lines]
+
+
+def paper_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, split_compounds: bool) -> dict[str, Any]:
+    """Tokenized, case-sensitive BLEU (multi-bleu.perl equivalent) after Moses tokenization and compound splitting."""
+    from sacrebleu.metrics import BLEU
+
+    hyp_tok, ref_tok = moses_tokenize(hyps, lang), moses_tokenize(refs, lang)
+    if split_compounds:
+        hyp_tok, ref_tok = [compound_split(h) for h in hyp_tok], [compound_split(r) for r in ref_tok]
+    return bleu_details(BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(hyp_tok, [ref_tok]))
+
+
+def bleu_details(score: Any) -> dict[str, Any]:
+    """The parts of a sacreBLEU BLEUScore worth saving: score, n-gram precisions (%), brevity penalty, lengths."""
+    return {
+        "score": round(score.score, 4),
+        "precisions": [round(p, 4) for p in score.precisions],
+        "bp": round(score.bp, 6),
+        "hyp_len": score.sys_len,
+        "ref_len": score.ref_len,
+    }
+
+
+# -- scoring files
+
+
+def read_lines(path: Path, role: str) -> list[str]:
+    """Lines of a UTF-8 file, split on '\\n' only; a bad byte is an error naming the file and line."""
+    from transformer_mt.decode.translate import TranslateError, read_text_lines
+
+    try:
+        with open(path, "rb") as f:
+            return read_text_lines(f, str(path))
+    except OSError as err:
+        raise EvaluateError(f"{path}: cannot read the {role} file ({err.strerror})") from None
+    except TranslateError as err:
+        raise EvaluateError(str(err)) from None
+
+
+def score_lines(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
+    """sacreBLEU (13a, cased) and chrF with signatures, and the paper's BLEU; compounds split for German."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    sacre = bleu.corpus_score(list(hyps), [list(refs)])
+    split = lang == "de"
+    return {
+        "sentences": len(hyps),
+        "sacrebleu": {**bleu_details(sacre), "signature": str(bleu.get_signature())},
+        "chrf": {"score": round(chrf.corpus_score(list(hyps), [list(refs)]).score, 4),
+                 "signature": str(chrf.get_signature())},
+        "paper_bleu": {
+            **paper_bleu(hyps, refs, lang, split),
+            "metric": f"tokenized BLEU (Moses -l {lang}), case-sensitive"
+            + (", compound splitting ##AT##-##AT##" if split else "")
+            + ", multi-bleu.perl equivalent (tensor2tensor get_ende_bleu.sh)",
+        },
+    }  # fmt: skip
+
+
+def score_files(hyp: str | Path, ref: str | Path, lang: str = "de") -> dict[str, Any]:
+    """Score detokenized hypotheses against raw references (one sentence per line, same line count)."""
+    hyp, ref = Path(hyp), Path(ref)
+    hyps, refs = read_lines(hyp, "hypothesis"), read_lines(ref, "reference")
+    if len(hyps) != len(refs):
+        raise EvaluateError(
+            f"{hyp} has {len(hyps)} lines but {ref} has {len(refs)}; each hypothesis line must translate the "
+            "reference line with the same number (was the output of another test set, or cut short?)"
+        )
+    return {"hyp": str(hyp), "ref": str(ref), **score_lines(hyps, refs, lang)}
+
+
+def format_scores(scores: dict[str, Any]) -> str:
+    """A few aligned lines for people; scores.json holds the same and more."""
+    s, c, p = scores["sacrebleu"], scores["chrf"], scores["paper_bleu"]
+    precisions = "/".join(f"{x:.1f}" for x in s["precisions"])
+    return "\n".join(
+        [
+            f"sacreBLEU   {s['score']:6.2f}  {precisions} BP {s['bp']:.3f}  {s['signature']}",
+            f"chrF2       {c['score']:6.2f}  {c['signature']}",
+            f"paper BLEU  {p['score']:6.2f}  {p['metric']}; the metric of the paper's tables",
+        ]
+    )
+
+
+# -- test sets
+
+
+def check_testset_name(name: str) -> None:
+    if name not in TESTSETS:
+        raise EvaluateError(
+            f"unknown test set {name!r}; known: {', '.join(TESTSETS)}; or pass local files with --src and --ref"
+        )
+
+
+def fetch_testset(name: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """Source and reference files of a named test set, through sacreBLEU's downloader and cache ($SACREBLEU)."""
+    check_testset_name(name)
+    from sacrebleu.dataset import DATASETS
+    from sacrebleu.utils import SACREBLEU_DIR
+
+    dataset, pair = DATASETS[TESTSETS[name]], f"{src_lang}-{tgt_lang}"
+    if pair not in dataset.langpairs:
+        raise EvaluateError(f"{name} has no {pair} direction; it has {', '.join(sorted(dataset.langpairs))}")
+    try:
+        src = dataset.get_source_file(pair)
+        refs = dataset.get_reference_files(pair)
+    except (Exception, SystemExit) as err:  # no network, a broken download, a failed checksum (sacreBLEU exits)
+        raise EvaluateError(
+            f"could not get {name} ({pair}) through sacreBLEU ({type(err).__name__}: {err}); without network, pass "
+            f"local files: tmt evaluate {name} -c CKPT --src FILE.{src_lang} --ref FILE.{tgt_lang}, or fill the "
+            f"sacreBLEU cache ({SACREBLEU_DIR}, set by the SACREBLEU variable) on a machine with network"
+        ) from None
+    return Path(src), Path(refs[0])
+
+
+def _inputs(testset: str | None, src: Path | None, ref: Path | None, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    if (src is None) != (ref is None):
+        raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
+    if src is not None and ref is not None:
+        return src, ref
+    if testset is None:
+        raise EvaluateError(f"name a test set ({', '.join(TESTSETS)}) or pass --src and --ref")
+    return fetch_testset(testset, src_lang, tgt_lang)
+
+
+def evaluate_checkpoint(
+    checkpoints: Sequence[str | Path],
+    testset: str | None = None,
+    src: str | Path | None = None,
+    ref: str | Path | None = None,
+    output: str | Path | None = None,
+    beam: int | None = None,
+    lenpen: float | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
+
+    ``output`` defaults to ``eval_<name>`` beside the first checkpoint. With
+    ``--src``/``--ref`` a test set name, if given, only labels the results.
+    """
+    from transformer_mt.decode.translate import TranslateError, Translator, write_lines_atomic
+
+    if (src is None) != (ref is None):
+        raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
+    if testset is not None and src is None:
+        check_testset_name(testset)  # before loading any model
+    try:
+        translator = Translator.from_checkpoints(checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=1)
+    except TranslateError as err:
+        raise EvaluateError(str(err)) from None
+    data = translator.cfg.data
+    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data.src_lang, data.tgt_lang)
+    sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")
+    if len(sources) != len(refs):
+        raise EvaluateError(
+            f"{src_path} has {len(sources)} lines but {ref_path} has {len(refs)}; they must be parallel"
+        )
+    name = testset or src_path.stem
+    out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
+    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
+    write_lines_atomic(hyp_path, translator.translate_lines(sources))
+    d = translator.decode_cfg
+    scores = {
+        "testset": name,
+        "src": str(src_path),
+        "checkpoints": [str(c) for c in checkpoints],
+        "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
+                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
+        **score_files(hyp_path, ref_path, data.tgt_lang),
+    }  # fmt: skip
+    write_lines_atomic(out_dir / "scores.json", [json.dumps(scores, indent=2)])
+    print(format_scores(scores), file=sys.stdout)
+    print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
+    return scores
+
+
+def _path(p: str | Path | None) -> Path | None:
+    return None if p is None else Path(p)
