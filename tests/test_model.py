@@ -1,0 +1,449 @@
+"""The Transformer model: paper formulas, masking, padding, cached decoding, parameter counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.config import ConfigError, ModelConfig, load_config
+from transformer_mt.model.attention import CrossAttention, SelfAttention, causal_mask_with_past
+from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_positions
+from transformer_mt.model.transformer import (
+    EncoderOut,
+    FeedForward,
+    Transformer,
+    count_parameters,
+    flops_per_token,
+    residual,
+)
+
+PAD = 0
+V = 50
+TINY = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, max_positions=64)
+
+
+def make_model(seed: int = 0, vocab: int = V, **changes) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(dataclasses.replace(TINY, **changes), vocab, pad_id=PAD).eval()
+
+
+def tokens(lengths: list[int], seed: int, vocab: int = V) -> torch.Tensor:
+    """Right-padded random token ids (B, max(lengths)), ids >= 1 so that only padding is PAD."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths)), PAD, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        out[i, :n] = torch.randint(1, vocab, (n,), generator=g)
+    return out
+
+
+# ---------------------------------------------------------------- paper formulas
+
+
+@pytest.mark.parametrize("d_model", [8, 7, 512])
+def test_sinusoidal_positions_equal_the_paper_formula(d_model: int) -> None:
+    pe = sinusoidal_positions(200, d_model)
+    assert pe.shape == (200, d_model) and pe.dtype == torch.float32
+    for pos in [0, 1, 2, 17, 199]:
+        for dim in range(d_model):
+            i = dim // 2
+            angle = pos / 10000 ** (2 * i / d_model)
+            expected = math.sin(angle) if dim % 2 == 0 else math.cos(angle)  # interleaved, not [sin..., cos...]
+            assert pe[pos, dim].item() == pytest.approx(expected, abs=1e-6), (pos, dim)
+
+
+def test_position_modules_offset_and_limit() -> None:
+    sin = SinusoidalPositions(10, 8)
+    assert torch.equal(sin(3, offset=4), sinusoidal_positions(10, 8)[4:7])
+    assert "table" not in sin.state_dict()  # fixed: a checkpoint may be reused with another max_positions
+    learned = LearnedPositions(10, 8)
+    assert torch.equal(learned(2, offset=8), learned.weight[8:10])
+    for module in (sin, learned):
+        with pytest.raises(ValueError, match=r"11 positions.*model\.max_positions is 10"):
+            module(3, offset=8)
+
+
+def test_multi_head_attention_equals_the_paper_formula() -> None:
+    """MultiHead(Q, K, V) = Concat(head_1..h) W_O, head_i = softmax(Q W_Q^i (K W_K^i)^T / sqrt(d_k)) V W_V^i."""
+    torch.manual_seed(0)
+    D, H = 12, 3
+    dk = D // H
+    attn = SelfAttention(D, H, attention_dropout=0.0)
+    for p in attn.parameters():  # non-zero biases too
+        torch.nn.init.normal_(p)
+    x = torch.randn(2, 5, D)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])  # (B, S) keys allowed
+    Wq, Wk, Wv = attn.qkv.weight.split(D)
+    bq, bk, bv = attn.qkv.bias.split(D)
+    expected = torch.empty(2, 5, D)
+    for b in range(2):
+        heads = []
+        for h in range(H):
+            sl = slice(h * dk, (h + 1) * dk)
+            q = x[b] @ Wq[sl].T + bq[sl]
+            k = x[b] @ Wk[sl].T + bk[sl]
+            v = x[b] @ Wv[sl].T + bv[sl]
+            scores = q @ k.T / math.sqrt(dk)
+            scores[:, ~mask[b]] = float("-inf")
+            heads.append(torch.softmax(scores, dim=-1) @ v)
+        expected[b] = torch.cat(heads, dim=-1) @ attn.out.weight.T + attn.out.bias
+    got = attn(x, mask[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    causal = attn(x, is_causal=True)
+    tri = torch.ones(5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(causal, attn(x, tri), atol=1e-6, rtol=1e-6)
+
+
+def test_cross_attention_reads_memory_keys_and_values() -> None:
+    torch.manual_seed(0)
+    cross, self_ = CrossAttention(8, 2, 0.0), SelfAttention(8, 2, 0.0)
+    with torch.no_grad():  # the same projections: attending over x itself must agree with self-attention
+        self_.qkv.weight.copy_(torch.cat([cross.q.weight, cross.kv.weight]))
+        self_.qkv.bias.copy_(torch.cat([cross.q.bias, cross.kv.bias]))
+        self_.out.load_state_dict(cross.out.state_dict())
+    x = torch.randn(3, 4, 8)
+    k, v = cross.project_memory(x)
+    assert k.shape == (3, 2, 4, 4)
+    torch.testing.assert_close(cross(x, k, v, None), self_(x), atol=1e-6, rtol=1e-6)
+
+
+def test_feed_forward_equals_the_paper_formula() -> None:
+    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    torch.manual_seed(0)
+    ffn = FeedForward(6, 10, activation_dropout=0.0)
+    x = torch.randn(2, 3, 6)
+    expected = torch.clamp(x @ ffn.fc1.weight.T + ffn.fc1.bias, min=0) @ ffn.fc2.weight.T + ffn.fc2.bias
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_residual_post_norm_and_pre_norm() -> None:
+    torch.manual_seed(0)
+    norm, drop = torch.nn.LayerNorm(4), torch.nn.Dropout(0.0)
+    x = torch.randn(2, 3, 4)
+    f = lambda h: 3 * h + 1  # noqa: E731
+    torch.testing.assert_close(residual(x, norm, f, drop, pre=False), norm(x + f(x)))  # LayerNorm(x + Sublayer(x))
+    torch.testing.assert_close(residual(x, norm, f, drop, pre=True), x + f(norm(x)))
+
+
+def test_embeddings_scaled_by_sqrt_d_model_plus_positions() -> None:
+    model = make_model()
+    tok = tokens([5, 3], seed=1)
+    expected = model.embed.weight[tok] * math.sqrt(TINY.d_model) + sinusoidal_positions(64, TINY.d_model)[2:7]
+    torch.testing.assert_close(model._embed(model.embed, tok, offset=2), expected)
+
+
+def test_causal_mask_with_past() -> None:
+    m = causal_mask_with_past(2, 3, torch.device("cpu"))
+    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+# ---------------------------------------------------------------- masking and padding
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_no_future_leakage(norm: str) -> None:
+    model = make_model(norm=norm)
+    src, tgt = tokens([7, 4], seed=1), tokens([9, 9], seed=2)
+    t = 4
+    changed = tgt.clone()
+    changed[:, t + 1 :] = tokens([4, 4], seed=3)
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])  # the later positions do see their inputs
+
+
+def test_source_padding_does_not_change_real_outputs() -> None:
+    model = make_model()
+    src, tgt = tokens([6, 3, 5], seed=1), tokens([4, 6, 2], seed=2)
+    padded = F.pad(src, (0, 5), value=PAD)  # 5 extra padding columns
+    with torch.no_grad():
+        enc, enc_padded = model.encode(src), model.encode(padded)
+        for i, n in enumerate([6, 3, 5]):
+            torch.testing.assert_close(enc.memory[i, :n], enc_padded.memory[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(src, tgt), model(padded, tgt), atol=1e-5, rtol=0)
+    assert enc_padded.src_pad_mask.tolist()[1] == [False] * 3 + [True] * 8
+
+
+def test_target_padding_does_not_change_real_outputs() -> None:
+    model = make_model()
+    src, tgt = tokens([6, 3], seed=1), tokens([4, 2], seed=2)
+    padded = F.pad(tgt, (0, 3), value=PAD)
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, padded)
+    torch.testing.assert_close(a[0, :4], b[0, :4], atol=1e-5, rtol=0)
+    torch.testing.assert_close(a[1, :2], b[1, :2], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- cached decoding
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"norm": "pre"}, {"positions": "learned"}, {"share_embeddings": False}], ids=str
+)
+def test_cached_decoding_equals_full_forward(changes: dict) -> None:
+    model = make_model(**changes)
+    src, tgt = tokens([7, 3, 5], seed=1), tokens([8, 8, 8], seed=2)
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        assert cache.cross_mask is not None and cache.length == 0
+        steps = []
+        for t in range(tgt.shape[1]):
+            steps.append(model.decode(tgt[:, t : t + 1], enc, cache))
+            assert cache.length == t + 1
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_cached_decoding_in_chunks_after_a_prefix() -> None:
+    """Several new positions after a cached prefix need the offset causal mask."""
+    model = make_model()
+    src, tgt = tokens([7, 3], seed=1), tokens([9, 9], seed=2)
+    with torch.no_grad():
+        full = model(src, tgt)
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        chunks = [model.decode(tgt[:, a:b], enc, cache) for a, b in [(0, 3), (3, 4), (4, 9)]]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_cached_decoding_after_reorder_equals_full_forward() -> None:
+    """Beam search: after reordering rows (duplicate, permute, drop), decoding continues exactly."""
+    model = make_model()
+    src, tgt = tokens([7, 3, 5], seed=1), tokens([8, 8, 8], seed=2)
+    first, second, third = torch.tensor([2, 0, 0, 1]), torch.tensor([3, 1, 2]), torch.tensor([2, 2, 0, 1])
+    rows = first[second][third]  # rows of the original batch after all three reorders
+    with torch.no_grad():
+        expected = model(src[rows], tgt[rows])
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        for t in range(3):
+            model.decode(tgt[:, t : t + 1], enc, cache)
+        assert cache.reorder(first) is cache
+        cache.reorder(second)  # two reorders before the next step compose
+        enc = enc.reorder(first).reorder(second)
+        assert isinstance(enc, EncoderOut) and enc.memory.shape[0] == 3
+        steps = [model.decode(tgt[first[second], t : t + 1], enc, cache) for t in range(3, 5)]
+        cache.reorder(third)
+        enc = enc.reorder(third)
+        steps += [model.decode(tgt[rows, t : t + 1], enc, cache) for t in range(5, 8)]
+    steps[:2] = [s[third] for s in steps[:2]]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected[:, 3:], atol=1e-5, rtol=0)
+
+
+def test_reorder_within_sentences_may_skip_cross_attention_state() -> None:
+    model = make_model()
+    beam = 3
+    src = tokens([7, 3], seed=1).repeat_interleave(beam, dim=0)  # rows of one sentence are identical
+    tgt = tokens([6] * 6, seed=2)
+    index = torch.tensor([2, 2, 0, 4, 3, 3])  # every row stays within its sentence's group
+    with torch.no_grad():
+        expected = model(src, tgt[index])[:, 2:]
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        model.decode(tgt[:, :2], enc, cache)
+        cross_k = cache.layers[0].cross_k
+        cache.reorder(index, cross=False)
+        assert cache.layers[0].cross_k is cross_k  # not copied
+        got = model.decode(tgt[index, 2:], enc, cache)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_decode_refuses_a_batch_that_does_not_match_the_reordered_cache() -> None:
+    model = make_model()
+    src, tgt = tokens([5, 3], seed=1), tokens([4, 4], seed=2)
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        model.decode(tgt[:, :1], enc, cache)
+        cache.reorder(torch.tensor([1, 1, 0]))
+        with pytest.raises(ValueError, match="2 target rows.*reordered to 3 rows"):
+            model.decode(tgt[:, 1:2], enc, cache)
+
+
+def test_cache_without_source_padding_needs_no_mask() -> None:
+    model = make_model()
+    src, tgt = tokens([5, 5], seed=1), tokens([4, 4], seed=2)
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        assert cache.cross_mask is None
+        steps = [model.decode(tgt[:, t : t + 1], enc, cache) for t in range(4)]
+        torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt), atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- parameters, variants, errors
+
+
+def paper_parameter_count(d: int, d_ff: int, n: int, vocab: int) -> int:
+    """Unique parameters of the paper's model with one tied embedding matrix.
+
+    attention  = 4 (d*d + d)              W_Q, W_K, W_V, W_O with biases
+    ffn        = d*d_ff + d_ff + d_ff*d + d
+    encoder    = n (attention + ffn + 2 * 2d)       two LayerNorms
+    decoder    = n (2 attention + ffn + 3 * 2d)     three LayerNorms
+    embeddings = vocab * d                          shared by source, target and output projection
+    """
+    attention = 4 * (d * d + d)
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    return n * (attention + ffn + 4 * d) + n * (2 * attention + ffn + 6 * d) + vocab * d
+
+
+@pytest.mark.parametrize(
+    ("d", "d_ff", "heads", "expected", "paper"),
+    [
+        (512, 2048, 8, 63_082_496, 63.1e6),  # base: 18,944,000 embeddings + 6 x 3,152,384 + 6 x 4,204,032
+        (1024, 4096, 16, 214_245_376, 214.3e6),  # big: 37,888,000 + 6 x 12,596,224 + 6 x 16,796,672
+    ],
+)
+def test_parameter_count_of_base_and_big(d: int, d_ff: int, heads: int, expected: int, paper: float) -> None:
+    assert paper_parameter_count(d, d_ff, 6, 37_000) == expected
+    cfg = ModelConfig(d_model=d, d_ff=d_ff, heads=heads)
+    with torch.device("meta"):  # shapes only: no memory, no initialization time
+        model = Transformer(cfg, 37_000)
+    assert count_parameters(model) == expected
+    assert abs(expected - paper) / paper < 0.01
+
+
+def test_parameter_count_of_variants() -> None:
+    base = paper_parameter_count(32, 64, 2, V)
+    assert count_parameters(make_model()) == base
+    assert count_parameters(make_model(norm="pre")) == base + 2 * 2 * 32  # final encoder and decoder LayerNorm
+    assert count_parameters(make_model(positions="learned")) == base + 64 * 32
+    assert count_parameters(make_model(share_embeddings=False)) == base + V * 32  # separate source embedding
+
+
+def test_shared_embeddings_are_one_tensor() -> None:
+    model = make_model()
+    assert model.src_embed is None
+    names = [n for n, _ in model.named_parameters() if "embed" in n]
+    assert names == ["embed.weight"]
+    src, tgt = tokens([4], seed=1), tokens([3], seed=2)
+    out = model(src, tgt)
+    (grad,) = torch.autograd.grad(out.sum(), model.embed.weight)
+    unused = torch.ones(V, dtype=torch.bool)
+    unused[src.flatten()] = False
+    unused[tgt.flatten()] = False
+    assert grad[unused].abs().sum() > 0  # rows never looked up still get the output projection's gradient
+    with torch.no_grad():  # and the encoder reads the same tensor
+        before = model.encode(src).memory
+        model.embed.weight[src[0, 0]] += 1.0
+        assert not torch.allclose(model.encode(src).memory, before)
+
+
+def test_separate_source_embedding_keeps_target_tied_to_output() -> None:
+    model = make_model(share_embeddings=False)
+    assert model.src_embed is not None and model.src_embed.weight is not model.embed.weight
+    src, tgt = tokens([4], seed=1), tokens([3], seed=2)
+    g_src, g_tgt = torch.autograd.grad(model(src, tgt).sum(), [model.src_embed.weight, model.embed.weight])
+    looked_up = torch.zeros(V, dtype=torch.bool)
+    looked_up[src.flatten()] = True
+    assert torch.equal(g_src.abs().sum(dim=1).gt(0), looked_up)  # the source table feeds only the encoder
+    assert g_tgt.abs().sum(dim=1).gt(0).all()  # every row: the output projection uses the whole matrix
+
+
+@pytest.mark.parametrize("changes", [{"positions": "learned"}, {"norm": "pre"}], ids=str)
+def test_variants_run_and_differ_from_the_defaults(changes: dict) -> None:
+    src, tgt = tokens([6, 4], seed=1), tokens([5, 3], seed=2)
+    default, variant = make_model(seed=0), make_model(seed=0, **changes)
+    out = variant(src, tgt)
+    assert out.shape == (2, 5, V) and torch.isfinite(out).all()
+    assert not torch.allclose(out, default(src, tgt), atol=1e-3)
+    out.sum().backward()
+    assert all(p.grad is not None for p in variant.parameters())
+
+
+def test_post_norm_ends_each_layer_with_layer_norm_and_pre_norm_adds_final_norms() -> None:
+    post, pre = make_model(), make_model(norm="pre")
+    assert post.encoder_norm is None and post.decoder_norm is None
+    assert pre.encoder_norm is not None and pre.decoder_norm is not None
+    memory = post.encode(tokens([6, 6], seed=1)).memory  # the last sublayer is LayerNorm(x + FFN(x))
+    torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(2, 6), atol=1e-3, rtol=0)
+
+
+def test_weight_initialization() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=256, d_ff=1024, heads=4, encoder_layers=1, decoder_layers=1)
+    model = Transformer(cfg, 4000, pad_id=PAD)
+    emb = model.embed.weight
+    assert emb[PAD].abs().sum() == 0
+    assert emb[1:].std().item() == pytest.approx(256**-0.5, rel=0.02)
+    qkv = model.encoder[0].self_attn.qkv
+    for block in qkv.weight.split(256):  # each of W_Q, W_K, W_V is xavier-uniform on its own (256, 256)
+        bound = math.sqrt(6 / (256 + 256))
+        assert block.abs().max() <= bound and block.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    fc1 = model.encoder[0].ffn.fc1.weight
+    assert fc1.abs().max() <= math.sqrt(6 / (256 + 1024))
+    assert all(m.bias.abs().sum() == 0 for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_dropout_is_active_in_training_only() -> None:
+    src, tgt = tokens([6, 4], seed=1), tokens([5, 3], seed=2)
+    for changes in [{}, {"dropout": 0.0, "attention_dropout": 0.3}, {"dropout": 0.0, "activation_dropout": 0.3}]:
+        model = make_model(**changes)
+        with torch.no_grad():
+            torch.testing.assert_close(model(src, tgt), model(src, tgt))
+            model.train()
+            assert not torch.allclose(model(src, tgt), model(src, tgt)), changes
+    model = make_model(dropout=0.0).train()  # nothing random left
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), model(src, tgt))
+
+
+def test_sequences_longer_than_max_positions_are_refused() -> None:
+    model = make_model(max_positions=8)
+    with pytest.raises(ValueError, match=r"9 positions.*model\.max_positions is 8"):
+        model.encode(tokens([9], seed=1))
+    enc = model.encode(tokens([4], seed=1))
+    cache = model.init_cache(enc)
+    model.decode(tokens([8], seed=2), enc, cache)
+    with pytest.raises(ValueError, match=r"9 positions.*model\.max_positions"):
+        model.decode(tokens([1], seed=3), enc, cache)
+
+
+def test_heads_must_divide_d_model(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"model\.d_model \(512\) must be divisible by model\.heads \(7\)"):
+        load_config(None, ["model.heads=7"])
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  d_model: 100\n  heads: 8\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="try heads="):
+        load_config(path)
+    with pytest.raises(ValueError, match="divisible"):
+        Transformer(dataclasses.replace(TINY, heads=5), V)
+
+
+def test_flops_per_token_counts_six_per_matmul_weight_plus_attention() -> None:
+    cfg = dataclasses.replace(TINY, encoder_layers=2, decoder_layers=3)
+    model = make_model(encoder_layers=2, decoder_layers=3)
+    matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    L, D = 20, cfg.d_model
+    attention = 3 * (2 * 4 * L * D + 3 * (4 * L * D + 4 * L * D))  # per layer: Q K^T and A V over L keys
+    expected = 6 * (matmul_weights + V * D) + attention  # + the tied output projection
+    assert flops_per_token(cfg, V, L, L) == pytest.approx(expected)
+    # Twice the source length doubles the encoder's and cross-attention K/V's share per target token.
+    assert flops_per_token(cfg, V, 2 * L, L) > flops_per_token(cfg, V, L, L)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_matches_cpu_and_cached_decoding_under_bf16() -> None:
+    model = make_model()
+    src, tgt = tokens([7, 3, 5], seed=1), tokens([8, 8, 8], seed=2)
+    with torch.no_grad():
+        expected = model(src, tgt)
+        gpu = model.cuda()
+        src, tgt = src.cuda(), tgt.cuda()
+        torch.testing.assert_close(gpu(src, tgt).cpu(), expected, atol=1e-4, rtol=1e-4)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            full = gpu(src, tgt).float()
+            enc = gpu.encode(src)
+            cache = gpu.init_cache(enc)
+            steps = torch.cat([gpu.decode(tgt[:, t : t + 1], enc, cache).float() for t in range(8)], dim=1)
+    torch.testing.assert_close(steps, full, atol=0.1, rtol=0.05)
+    assert (steps.argmax(-1) == full.argmax(-1)).float().mean() > 0.9

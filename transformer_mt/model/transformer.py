@@ -1,0 +1,335 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Defaults are the paper's: post-norm layers LayerNorm(x + Dropout(Sublayer(x))),
+ReLU feed-forward, sinusoidal positions added to embeddings scaled by
+sqrt(d_model), dropout on that sum and on every sublayer output, and one
+embedding matrix shared by source, target and the pre-softmax projection.
+Each deviation (pre-norm, learned positions, attention/activation dropout,
+separate source embedding) is a `ModelConfig` key that is off by default.
+
+The decoding API (`encode`, `init_cache`, `decode` with a `DecoderCache`) lets
+beam search run one new position per step: cross-attention keys/values are
+computed once per sentence, self-attention keys/values are appended per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.model.attention import CrossAttention, SelfAttention, causal_mask_with_past
+from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
+
+
+@dataclass
+class EncoderOut:
+    """What the decoder needs from the encoder."""
+
+    memory: Tensor  # (B, S, D) encoder output
+    src_pad_mask: Tensor  # (B, S) bool, True at padding
+
+    def reorder(self, index: Tensor) -> EncoderOut:
+        """A new EncoderOut with rows `index` (LongTensor): repeat for beams or drop finished sentences."""
+        return EncoderOut(self.memory.index_select(0, index), self.src_pad_mask.index_select(0, index))
+
+
+@dataclass
+class LayerCache:
+    """Keys/values of one decoder layer, heads on dim 1: (B, H, positions, D/H)."""
+
+    self_k: Tensor | None  # (B', H, L, Dh) target positions so far, rows not yet reordered; None before step 1
+    self_v: Tensor | None
+    cross_k: Tensor  # (B, H, S, Dh) computed once from the encoder output
+    cross_v: Tensor
+
+
+@dataclass
+class DecoderCache:
+    """Incremental decoding state, passed explicitly to `Transformer.decode` and updated in place.
+
+    Reordering the self-attention keys/values is deferred to the next
+    `decode`, which gathers the kept rows straight into the grown tensor: one
+    copy of the cache per beam step instead of two (reorder, then append).
+    """
+
+    layers: list[LayerCache]
+    cross_mask: Tensor | None  # (B, 1, 1, S) bool, True where attending is allowed; None when no padding
+    rows: Tensor | None = None  # (B,) rows of each layer's self_k/self_v that make up the batch; None: all
+
+    @property
+    def length(self) -> int:
+        """Target positions already cached (the position offset of the next step)."""
+        k = self.layers[0].self_k
+        return 0 if k is None else k.shape[2]
+
+    def reorder(self, index: Tensor, cross: bool = True) -> DecoderCache:
+        """Keep rows `index` (LongTensor) of the cache, in place; returns self.
+
+        Beam search calls this after each step with the beams it keeps, and to
+        drop finished sentences. `cross=False` skips the cross-attention
+        keys/values and source mask: exact, and cheaper, when `index` only
+        moves rows among those of the same sentence (they share that state).
+        """
+        if self.length:
+            self.rows = index if self.rows is None else self.rows.index_select(0, index)
+        if cross:
+            for layer in self.layers:
+                layer.cross_k = layer.cross_k.index_select(0, index)
+                layer.cross_v = layer.cross_v.index_select(0, index)
+            if self.cross_mask is not None:
+                self.cross_mask = self.cross_mask.index_select(0, index)
+        return self
+
+
+def append_positions(past: Tensor | None, new: Tensor, rows: Tensor | None) -> Tensor:
+    """past[rows] (B, H, L, Dh) followed by new (B, H, T, Dh) on dim 2, with a single copy of past."""
+    if past is None:
+        return new
+    B, H, T, Dh = new.shape
+    L = past.shape[2]
+    out = new.new_empty(B, H, L + T, Dh)
+    if rows is None:
+        out[:, :, :L] = past
+    else:
+        torch.index_select(past, 0, rows, out=out[:, :, :L])
+    out[:, :, L:] = new
+    return out
+
+
+def residual(
+    x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor], drop: nn.Dropout, pre: bool
+) -> Tensor:
+    """Post-norm LayerNorm(x + Dropout(Sublayer(x))) (paper), or pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
+    if pre:
+        return x + drop(sublayer(norm(x)))
+    return norm(x + drop(sublayer(x)))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2), applied at each position."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.drop = nn.Dropout(activation_dropout)  # deviation; p=0 by default
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(F.relu(self.fc1(x))))  # (B, T, D)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each wrapped in dropout + residual + LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, S, D); mask (B, 1, 1, S) True at real keys, or None when nothing is padded."""
+        x = residual(x, self.norm1, lambda h: self.self_attn(h, mask), self.drop, self.pre)
+        return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, feed-forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cross_mask: Tensor | None,
+        cache: LayerCache | None = None,
+        rows: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, T, D) new target positions; cross_k/v (B, H, S, Dh); cross_mask (B, 1, 1, S) or None.
+
+        With a cache, `rows` says which cached rows form the batch (a pending beam reorder).
+        """
+        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, rows), self.drop, self.pre)
+        x = residual(x, self.norm2, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask), self.drop, self.pre)
+        return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D)
+
+    def _self_attend(self, h: Tensor, cache: LayerCache | None, rows: Tensor | None) -> Tensor:
+        """Causal self-attention; with a cache, h holds only new positions and their K/V are appended."""
+        q, k, v = self.self_attn.project(h)  # (B, H, T, Dh) each
+        if cache is None:
+            # Right padding: a real query only ever sees earlier, real keys, so the causal mask suffices.
+            return self.self_attn.attend(q, k, v, is_causal=True)
+        past = 0 if cache.self_k is None else cache.self_k.shape[2]
+        k = cache.self_k = append_positions(cache.self_k, k, rows)  # (B, H, past+T, Dh)
+        v = cache.self_v = append_positions(cache.self_v, v, rows)
+        new = q.shape[2]
+        if new == 1:  # one new query may see every cached key: no mask at all
+            return self.self_attn.attend(q, k, v)
+        if past == 0:
+            return self.self_attn.attend(q, k, v, is_causal=True)
+        return self.self_attn.attend(q, k, v, mask=causal_mask_with_past(new, past, q.device))
+
+
+def key_mask(pad_mask: Tensor) -> Tensor:
+    """(B, S) True-at-padding -> (B, 1, 1, S) True-where-attending-is-allowed, for the fused kernel."""
+    return (~pad_mask)[:, None, None, :]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; `forward(src, tgt_in)` gives logits (B, T, V) for teacher forcing."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> None:
+        super().__init__()
+        if cfg.d_model % cfg.heads:
+            raise ValueError(f"model.d_model ({cfg.d_model}) must be divisible by model.heads ({cfg.heads})")
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.vocab_size = vocab_size
+        self.embed_scale = math.sqrt(cfg.d_model)
+        # Target embedding, tied to the pre-softmax projection; also the source embedding when shared.
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.src_embed = None if cfg.share_embeddings else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        pos_cls = SinusoidalPositions if cfg.positions == "sinusoidal" else LearnedPositions
+        self.positions = pos_cls(cfg.max_positions, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform per projection matrix, zero biases; embeddings N(0, d_model^-0.5), padding row 0."""
+        for m in self.modules():
+            if isinstance(m, SelfAttention):
+                init_linear(m.qkv, parts=3)
+                init_linear(m.out)
+            elif isinstance(m, CrossAttention):
+                init_linear(m.q)
+                init_linear(m.kv, parts=2)
+                init_linear(m.out)
+            elif isinstance(m, FeedForward):
+                init_linear(m.fc1)
+                init_linear(m.fc2)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    m.weight[self.pad_id].zero_()
+
+    def _embed(self, table: nn.Embedding, tokens: Tensor, offset: int) -> Tensor:
+        """Dropout(sqrt(d_model) * E[tokens] + PE[offset:offset+T]): (B, T) -> (B, T, D)."""
+        x = table(tokens) * self.embed_scale  # (B, T, D)
+        return self.drop(x + self.positions(tokens.shape[1], offset))
+
+    def encode(self, src: Tensor) -> EncoderOut:
+        """src (B, S) token ids, right-padded -> EncoderOut(memory (B, S, D), src_pad_mask (B, S))."""
+        src_pad_mask = src.eq(self.pad_id)  # (B, S)
+        x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0)
+        mask = key_mask(src_pad_mask)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return EncoderOut(x, src_pad_mask)
+
+    def init_cache(self, enc: EncoderOut) -> DecoderCache:
+        """An empty decoding cache holding each layer's cross-attention keys/values of `enc`."""
+        layers = []
+        for layer in self.decoder:
+            k, v = layer.cross_attn.project_memory(enc.memory)  # (B, H, S, Dh) each
+            layers.append(LayerCache(None, None, k.contiguous(), v.contiguous()))
+        cross_mask = key_mask(enc.src_pad_mask) if bool(enc.src_pad_mask.any()) else None
+        return DecoderCache(layers, cross_mask)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
+        """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
+
+        Without a cache, tgt_in is the whole shifted-right target (teacher
+        forcing). With one, tgt_in holds only the new positions (usually one),
+        their self-attention keys/values are appended to the cache, and the
+        cross-attention state is read from the cache, not from `enc`.
+        """
+        offset = 0 if cache is None else cache.length
+        if cache is not None and cache.rows is not None and cache.rows.shape[0] != tgt_in.shape[0]:
+            raise ValueError(
+                f"decode got {tgt_in.shape[0]} target rows but the cache was last reordered to "
+                f"{cache.rows.shape[0]} rows; pass one row per reordered cache row"
+            )
+        x = self._embed(self.embed, tgt_in, offset)  # (B, T, D)
+        if cache is None:
+            cross_mask = key_mask(enc.src_pad_mask)
+            for layer in self.decoder:
+                k, v = layer.cross_attn.project_memory(enc.memory)
+                x = layer(x, k, v, cross_mask, None)
+        else:
+            for layer, lc in zip(self.decoder, cache.layers, strict=True):
+                x = layer(x, lc.cross_k, lc.cross_v, cache.cross_mask, lc, cache.rows)
+            cache.rows = None  # the pending reorder is now applied
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return F.linear(x, self.embed.weight)  # (B, T, V), tied pre-softmax projection
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for src (B, S) and tgt_in (B, T)."""
+        return self.decode(tgt_in, self.encode(src))
+
+
+def init_linear(linear: nn.Linear, parts: int = 1) -> None:
+    """Xavier-uniform each of `parts` stacked (out/parts, in) matrices, as if they were separate; zero bias."""
+    for block in linear.weight.data.chunk(parts, dim=0):
+        nn.init.xavier_uniform_(block)
+    nn.init.zeros_(linear.bias)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars, each tied tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def flops_per_token(cfg: ModelConfig, vocab_size: int, src_len: float, tgt_len: float) -> float:
+    """Training FLOPs (forward + backward) per target token, for model FLOPs utilization.
+
+    Multiply-adds count 2 FLOPs; backward costs twice the forward, so training is
+    3x forward = 6 FLOPs per matmul parameter per token it touches. With
+    D = d_model, F = d_ff, S = src_len, T = tgt_len, V = vocab_size, forward:
+
+      encoder, per source token:   N_enc * (2 * (4 D^2 + 2 D F) + 4 S D)
+      cross K/V, per source token: N_dec * 2 * 2 D^2
+      decoder, per target token:   N_dec * (2 * (4 D^2 + 2 D^2 + 2 D F) + 4 T D + 4 S D) + 2 D V
+
+    (4 D^2: W_Q, W_K, W_V, W_O of self-attention; 2 D^2: W_Q, W_O of
+    cross-attention; 2 D F: the FFN; 2 D V: the tied output projection.)
+
+    The 4 S D / 4 T D terms are Q K^T and attention x V over all keys (the
+    causal half is not subtracted, as most MFU reports do). Source work is
+    spread over target tokens by S / T. Embedding lookups, LayerNorm, softmax
+    and biases are not counted.
+    """
+    D, Fd = cfg.d_model, cfg.d_ff
+    encoder = cfg.encoder_layers * (2 * (4 * D * D + 2 * D * Fd) + 4 * src_len * D)
+    cross_kv = cfg.decoder_layers * 2 * 2 * D * D
+    decoder = cfg.decoder_layers * (2 * (6 * D * D + 2 * D * Fd) + 4 * tgt_len * D + 4 * src_len * D)
+    output = 2 * D * vocab_size
+    forward = (encoder + cross_kv) * src_len / tgt_len + decoder + output
+    return 3.0 * forward
