@@ -92,8 +92,14 @@ def prepare(
 ) -> None:
     """Clean the parallel text, learn the joint BPE vocabulary and binarize every split.
 
-    Reads data.train/valid/test (+ .src_lang/.tgt_lang), writes data.dir.
-    Re-running with unchanged inputs and config does nothing.
+    Reads data.train/valid/test + .src_lang/.tgt_lang (e.g. corpus/train.en and
+    corpus/train.de); normalizes every line (NFC, controls removed, whitespace
+    collapsed); drops training pairs with an empty side, more than data.max_len
+    words or a length ratio above data.max_ratio (valid/test: empty sides only);
+    learns a joint sentencepiece BPE of bpe.vocab_size pieces on a sample of
+    bpe.sample_sentences sentences; encodes with data.workers processes; writes
+    data.dir, manifest.json last. Re-running with unchanged inputs and config
+    does nothing. See docs/data.md.
     """
     from transformer_mt.data.prepare import PrepareError, prepare_data
 
@@ -127,16 +133,26 @@ def train(
 ) -> None:
     """Train the model; resumes from the newest checkpoint in train.save_dir.
 
-    Prepares the data first when data.dir holds nothing up to date. For several
-    GPUs: `tmt train CONFIG --nproc-per-node 8`, or run torchrun yourself:
-    `torchrun --nproc-per-node 8 -m transformer_mt train CONFIG`.
+    Prepares the data first when data.dir holds nothing up to date. Stops at
+    train.max_updates, max_epochs or max_minutes, whichever comes first; run
+    the same command again (with a higher limit) to continue exactly where it
+    stopped. Tokens per update = train.max_tokens x train.update_freq x GPUs
+    (the paper: about 25k), so on 8 GPUs use --set train.update_freq=1.
+
+    Writes to train.save_dir: checkpoint_u<update>.pt, checkpoint_best.pt,
+    metrics.jsonl, config.yaml. For several GPUs on this host:
+    `tmt train CONFIG --nproc-per-node 8`; on several hosts run torchrun
+    yourself: `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
+    --rdzv-endpoint HOST:29500 -m transformer_mt train CONFIG` (docs/training.md).
     """
+    import os
+
     from transformer_mt.train.distributed import launch_torchrun
     from transformer_mt.train.trainer import TrainError, train_model
 
     if nproc_per_node > 0:
         raise typer.Exit(launch_torchrun(nproc_per_node, ["train", str(config), *_set_args(set_)]))
-    cfg = load(config, set_)
+    cfg = load(config, set_, show=os.environ.get("RANK", "0") == "0")
     try:
         train_model(cfg)
     except (TrainError, ConfigError) as err:
@@ -150,7 +166,10 @@ def _set_args(overrides: list[str] | None) -> list[str]:
 @app.command()
 def average(
     run_dir: Annotated[Path | None, typer.Argument(help="Run directory holding checkpoints.")] = None,
-    last: Annotated[int, typer.Option("--last", help="Average the newest K checkpoints (by update).")] = 5,
+    last: Annotated[
+        int | None,
+        typer.Option("--last", help="Average the newest K checkpoints by update (default: train.average_last)."),
+    ] = None,
     inputs: Annotated[
         list[Path] | None, typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")
     ] = None,
@@ -158,14 +177,20 @@ def average(
         Path | None, typer.Option("--output", "-o", help="Output file (default RUN_DIR/average.pt).")
     ] = None,
 ) -> None:
-    """Average the parameters of several checkpoints (the paper: base last 5, big last 20)."""
-    from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
+    """Average the parameters of several checkpoints (the paper: base last 5, big last 20).
+
+    The paper wrote a checkpoint every 10 minutes and averaged the newest ones
+    (parameters summed in float64). The output is a checkpoint `tmt translate`
+    and `tmt evaluate` load like any other; it carries the config and BPE
+    model of the newest input.
+    """
+    from transformer_mt.train.average import AverageError, average_checkpoints, default_last, last_checkpoints
 
     try:
         if inputs:
             paths = list(inputs)
         elif run_dir is not None:
-            paths = last_checkpoints(run_dir, last)
+            paths = last_checkpoints(run_dir, last if last is not None else default_last(run_dir))
         else:
             raise fail("give a RUN_DIR (with --last K) or --inputs a.pt b.pt ...")
         out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
@@ -178,7 +203,13 @@ def average(
 @app.command()
 def translate(
     checkpoint: Annotated[
-        list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint; several are averaged on the fly.")
+        list[Path],
+        typer.Option(
+            "--checkpoint",
+            "-c",
+            help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several on the fly "
+            "(parameter averaging, as `tmt average` does).",
+        ),
     ],
     input: Annotated[
         Path | None, typer.Option("--input", "-i", help="Raw text, one sentence per line (default stdin).")
@@ -189,18 +220,32 @@ def translate(
     beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4); 1 is greedy.")] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
     nbest: Annotated[
-        int | None, typer.Option("--nbest", help="Write the K best hypotheses per line, with scores.")
+        int | None,
+        typer.Option(
+            "--nbest",
+            help="Write the K best hypotheses per input line as 'index<TAB>score<TAB>text' "
+            "(0-based line index, length-normalized log-probability, best first); K <= beam.",
+        ),
     ] = None,
-    batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")] = None,
+    batch_tokens: Annotated[
+        int | None,
+        typer.Option("--batch-tokens", help="Padded source tokens per batch (default: decode.batch_tokens)."),
+    ] = None,
     device: Annotated[
         str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
     ] = None,
 ) -> None:
     """Translate raw text line by line with beam search.
 
-    BPE and normalization happen inside, using the BPE model stored in the
-    checkpoint. The output has exactly one line per input line, in input order;
-    an empty input line gives an empty output line.
+    Normalization and BPE happen inside, using the BPE model stored in the
+    checkpoint; the output is detokenized text. The output has exactly one line
+    per input line, in input order (K lines with --nbest K); an empty input line
+    gives an empty output line. Decoding settings default to the checkpoint's
+    `decode` section (the paper: beam 4, length penalty 0.6, max length source
+    + 50, early stopping); the flags override them. A line longer than the
+    model's max_positions is translated after truncation, with a warning.
+
+    Example: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de
     """
     from transformer_mt.decode.translate import TranslateError, translate_file
 
@@ -229,7 +274,15 @@ def evaluate(
     lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
 ) -> None:
-    """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU."""
+    """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
+
+    Named test sets (newstest2013, newstest2014 = the full 3003 lines,
+    newstest2014-filtered = 2737) come through sacreBLEU's downloader and cache
+    (directory $SACREBLEU, default ~/.sacrebleu), in the checkpoint's language
+    pair. Offline, pass local files: tmt evaluate newstest2014 -c avg.pt --src
+    newstest2014.en --ref newstest2014.de. Writes hyp.<lang> and scores.json to
+    --output (default: eval_<name> beside the checkpoint).
+    """
     from transformer_mt.evaluate import EvaluateError, evaluate_checkpoint
 
     try:
@@ -244,12 +297,27 @@ def evaluate(
 def score(
     hyp: Annotated[Path, typer.Option("--hyp", help="Detokenized hypotheses, one per line.")],
     ref: Annotated[Path, typer.Option("--ref", help="Raw references, one per line.")],
+    lang: Annotated[
+        str, typer.Option("--lang", help="Target language for Moses tokenization; 'de' also splits compounds.")
+    ] = "de",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the scores as JSON here.")] = None,
 ) -> None:
-    """Score existing output: sacreBLEU with signature, chrF, and the paper's tokenized compound-split BLEU."""
+    """Score existing output: sacreBLEU with signature, chrF, and the paper's tokenized compound-split BLEU.
+
+    The paper's figure is tensor2tensor's get_ende_bleu.sh: Moses punctuation
+    replacement and tokenization, ##AT##-##AT## compound splitting, multi-bleu.
+    """
     from transformer_mt.evaluate import EvaluateError, format_scores, score_files
 
     try:
-        typer.echo(format_scores(score_files(hyp, ref)))
+        scores = score_files(hyp, ref, lang)
+        if json_out is not None:
+            import json
+
+            from transformer_mt.decode.translate import write_lines_atomic
+
+            write_lines_atomic(json_out, [json.dumps(scores, indent=2)])
+        typer.echo(format_scores(scores))
     except EvaluateError as err:
         raise fail(str(err)) from None
 
@@ -259,24 +327,58 @@ def download(
     dataset: Annotated[str, typer.Argument(help="Only 'wmt14' for now.")],
     pair: Annotated[str, typer.Option("--pair", help="en-de or en-fr.")] = "en-de",
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory for train.*, newstest2013.*, newstest2014.*.")
-    ] = Path("data/wmt14_en_de"),
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Directory for train.*, newstest2013.*, newstest2014.* (default data/wmt14_en_de|fr)."
+        ),
+    ] = None,
     source: Annotated[
-        str, typer.Option("--source", help="hf (Hugging Face datasets, default) or statmt (WMT archives).")
+        str,
+        typer.Option(
+            "--source",
+            help="hf: the Hugging Face wmt/wmt14 dataset, streamed (default). "
+            "statmt: the original WMT archives (about 1.7 GB for en-de, 6.6 GB for en-fr), checksummed and resumable.",
+        ),
     ] = "hf",
     from_dir: Annotated[
-        Path | None, typer.Option("--from", help="Use parallel files already on disk instead of the network.")
+        Path | None,
+        typer.Option(
+            "--from",
+            help="Use aligned files already on disk: DIR/train.en + train.de (or .fr), and newstest2013.*, "
+            "newstest2014.* if present; line counts are checked, files copied.",
+        ),
+    ] = None,
+    train_from: Annotated[
+        str | None,
+        typer.Option(
+            "--train-from",
+            help="With --from: copy DIR/NAME.* as the training files when DIR has no train.*, e.g. newstest2013 "
+            "as a stand-in corpus to try the pipeline (far too small to reproduce the paper).",
+        ),
     ] = None,
 ) -> None:
-    """Fetch WMT14 parallel text as plain files (train, newstest2013 dev, newstest2014 test)."""
-    from transformer_mt.data.download import DownloadError, download_wmt14
+    """Fetch WMT14 parallel text as plain files (train, newstest2013 dev, newstest2014 test).
+
+    Writes OUT/train.{en,xx}, OUT/newstest2013.{en,xx}, OUT/newstest2014.{en,xx}: UTF-8, one sentence
+    per line, aligned. Training pairs with an empty side are dropped (and counted); line breaks and tabs
+    inside a sentence become spaces. Dev and test sets come as sacreBLEU has them (newstest2014: the full
+    3003 lines). Re-running skips every file already complete; an interrupted run leaves no file that
+    looks complete. Without network: --from DIR (see docs/reproducing.md).
+
+    Examples: `tmt download wmt14 --pair en-de` (Hugging Face, into data/wmt14_en_de);
+    `tmt download wmt14 --pair en-fr --source statmt`;
+    `tmt download wmt14 --from /data/wmt14_en_de --train-from newstest2013` (a stand-in corpus to try the pipeline).
+    """
+    from transformer_mt.data.download import DownloadError, download_wmt14, format_summary
 
     if dataset != "wmt14":
         raise fail(f"unknown dataset {dataset!r}; known: wmt14")
+    out = out or Path(f"data/wmt14_{pair.replace('-', '_')}")
     try:
-        download_wmt14(pair=pair, out=out, source=source, from_dir=from_dir)
+        rows = download_wmt14(pair=pair, out=out, source=source, from_dir=from_dir, train_from=train_from)
     except DownloadError as err:
         raise fail(str(err)) from None
+    typer.echo(format_summary(rows, out))
 
 
 @app.command()
@@ -284,6 +386,7 @@ def quickstart(
     workdir: Annotated[Path, typer.Option("--workdir", "-w", help="Where every file of the run goes.")] = Path(
         "quickstart"
     ),
+    set_: SetOpt = None,
 ) -> None:
     """Run the whole pipeline on the embedded toy corpus in a few minutes on a CPU.
 
@@ -292,7 +395,10 @@ def quickstart(
     """
     from transformer_mt.quickstart import run_quickstart
 
-    run_quickstart(workdir)
+    try:
+        run_quickstart(workdir, tuple(set_ or ()))
+    except ConfigError as err:
+        raise fail(str(err)) from None
 
 
 if __name__ == "__main__":

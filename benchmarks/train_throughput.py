@@ -1,0 +1,294 @@
+"""Training throughput of tmt against a plain PyTorch Transformer on identical batches.
+
+    python benchmarks/train_throughput.py configs/base.yaml --set bpe.vocab_size=8000 --set train.max_tokens=4096
+
+Measures one training update at a time (forward, label-smoothed loss, backward,
+Adam) on synthetic batches: sentences of 10-40 tokens on each side, token ids
+drawn uniformly from the vocabulary (bpe.vocab_size), batched by length to
+train.max_tokens exactly as training batches them. Reports target tokens/s,
+model FLOPs/s (`flops_per_token`), MFU against the device's bf16 dense peak on
+a GPU, and peak memory (RSS on CPU, max_memory_allocated on GPU).
+
+The peer is the model as most PyTorch users would write it: torch.nn.Transformer
+(post-norm, batch_first), one embedding shared by source, target and output
+projection, sinusoidal positions, F.cross_entropy(label_smoothing=...) and
+torch.optim.Adam. Each implementation runs in its own process (so peak memory
+is its own), alternating tmt/peer for --repeats rounds; the medians and the
+ratio tmt/peer are printed. Runs on one busy machine differ by 10-25%, so
+compare the ratio within one run, not figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_mt.config import Config, config_from_dict, load_config
+from transformer_mt.data.batching import batch_by_size, ordered_indices, shuffle_batches
+from transformer_mt.data.bpe import BOS, EOS, PAD
+from transformer_mt.data.dataset import Batch
+from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
+from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.schedule import build_optimizer
+from transformer_mt.train.trainer import Stepper, accumulate_gradients, apply_gradients, autocast, resolve_precision
+
+# bf16 dense tensor-core peaks, TFLOP/s (vendor datasheets, without sparsity), matched by substring of the name.
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,  # "NVIDIA H100 80GB HBM3" is the SXM part
+    "H800": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "V100": 125.0,  # fp16 tensor cores (V100 has no bf16)
+    "T4": 65.0,  # fp16
+}
+
+LENGTHS = (10, 40)  # tokens per sentence on each side, before EOS/BOS
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The bf16 dense peak of a GPU by name (longest matching key wins), None when unknown."""
+    matches = [k for k in PEAK_BF16_TFLOPS if k.lower() in device_name.lower()]
+    return PEAK_BF16_TFLOPS[max(matches, key=len)] if matches else None
+
+
+def synthetic_batches(vocab_size: int, max_tokens: int, count: int, seed: int) -> list[Batch]:
+    """``count`` padded batches of random sentence pairs (10-40 tokens a side), length-bucketed like training."""
+    rng = np.random.default_rng(seed)
+    n = max(4 * count * max_tokens // sum(LENGTHS) * 2, 1000)
+    src_lens = rng.integers(LENGTHS[0], LENGTHS[1] + 1, n)
+    # targets about as long as their sources (as in real parallel text), so batches fill on both sides
+    tgt_lens = np.clip(src_lens + rng.integers(-3, 4, n), *LENGTHS)
+    src_lens, tgt_lens = src_lens + 1, tgt_lens + 1  # + EOS / BOS, the lengths batching counts
+    order = ordered_indices(src_lens, tgt_lens, seed)
+    chosen = shuffle_batches(batch_by_size(order, src_lens, tgt_lens, max_tokens), seed, 1)[:count]
+    return [_make_batch(rng, src_lens[idx] - 1, tgt_lens[idx] - 1, vocab_size) for idx in chosen]
+
+
+def _make_batch(rng: np.random.Generator, src_lens: np.ndarray, tgt_lens: np.ndarray, vocab: int) -> Batch:
+    b, s, t = len(src_lens), int(src_lens.max()) + 1, int(tgt_lens.max()) + 1
+    src = np.full((b, s), PAD, dtype=np.int64)
+    tgt_in = np.full((b, t), PAD, dtype=np.int64)
+    tgt_out = np.full((b, t), PAD, dtype=np.int64)
+    for i, (ls, lt) in enumerate(zip(src_lens, tgt_lens, strict=True)):
+        src[i, :ls], src[i, ls] = rng.integers(4, vocab, ls), EOS
+        ids = rng.integers(4, vocab, lt)
+        tgt_in[i, 0], tgt_in[i, 1 : lt + 1] = BOS, ids
+        tgt_out[i, :lt], tgt_out[i, lt] = ids, EOS
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out))
+
+
+class PeerTransformer(nn.Module):
+    """The reference: torch.nn.Transformer with tied embeddings and sinusoidal positions (post-norm)."""
+
+    def __init__(self, cfg: Config, vocab_size: int) -> None:
+        super().__init__()
+        m = cfg.model
+        self.d_model = m.d_model
+        self.embed = nn.Embedding(vocab_size, m.d_model, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, 0.0, m.d_model**-0.5)
+        self.transformer = nn.Transformer(
+            d_model=m.d_model, nhead=m.heads, num_encoder_layers=m.encoder_layers,
+            num_decoder_layers=m.decoder_layers, dim_feedforward=m.d_ff, dropout=m.dropout, batch_first=True,
+        )  # fmt: skip
+        pos = torch.arange(m.max_positions)[:, None] * torch.exp(
+            torch.arange(0, m.d_model, 2) * (-math.log(10000.0) / m.d_model)
+        )
+        pe = torch.zeros(m.max_positions, m.d_model)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
+        self.register_buffer("pe", pe, persistent=False)
+        self.drop = nn.Dropout(m.dropout)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.embed(tokens) * self.d_model**0.5 + self.pe[: tokens.shape[1]])  # (B, T, D)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        t = tgt_in.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=src.device).triu(1)  # True: may not attend
+        src_pad = src.eq(PAD)
+        x = self.transformer(
+            self._embed(src), self._embed(tgt_in), tgt_mask=causal, src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_in.eq(PAD), memory_key_padding_mask=src_pad, tgt_is_causal=True,
+        )  # fmt: skip
+        return F.linear(x, self.embed.weight)  # (B, T, V)
+
+
+def _peer_update(model, optimizer, batch: Batch, precision: str, eps: float) -> None:
+    with autocast(batch.src.device, precision):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    loss = F.cross_entropy(
+        logits.float().view(-1, logits.size(-1)), batch.tgt_out.view(-1), ignore_index=PAD, label_smoothing=eps,
+        reduction="sum",
+    )  # fmt: skip
+    (loss / batch.num_tgt_tokens).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _measure(impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, threads: int) -> dict[str, Any]:
+    """Run in a child process: build ``impl``, train ``warmup`` + ``steps`` updates, time the last ``steps``."""
+    cfg = config_from_dict(cfg_dict)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(cfg.train.precision, device)
+    vocab = cfg.bpe.vocab_size
+    batches = synthetic_batches(vocab, cfg.train.max_tokens, warmup + steps, seed)
+    batches = [b.to(device) for b in batches]
+    torch.manual_seed(seed)
+    if impl == "tmt":
+        module = Transformer(cfg.model, vocab, PAD).to(device)
+        model = torch.compile(module) if cfg.train.compile else module
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        env = DistEnv(0, 1, 0, device, True)
+        step = Stepper(model, module, build_optimizer(module.parameters(), cfg.train), scaler, env, precision,
+                       cfg.train.label_smoothing, cfg.train.clip_norm)  # fmt: skip
+
+        def update(batch: Batch) -> None:
+            apply_gradients(step, accumulate_gradients(step, [batch]), lr=1e-4)
+    else:
+        module = PeerTransformer(cfg, vocab).to(device)
+        model = torch.compile(module) if cfg.train.compile else module
+        optimizer = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+        def update(batch: Batch) -> None:
+            _peer_update(model, optimizer, batch, precision, cfg.train.label_smoothing)
+
+    module.train()
+    for batch in batches[:warmup]:
+        update(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        update(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    timed = batches[warmup:]
+    tokens = sum(b.num_tgt_tokens for b in timed)
+    src_len = sum(b.num_src_tokens for b in timed) / sum(len(b) for b in timed)
+    tgt_len = tokens / sum(len(b) for b in timed)
+    fpt = flops_per_token(cfg.model, vocab, src_len, tgt_len)
+    if device.type == "cuda":
+        peak_mem = torch.cuda.max_memory_allocated()
+        name = torch.cuda.get_device_name(device)
+    else:
+        peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        name = f"CPU ({torch.get_num_threads()} threads)"
+    return {
+        "impl": impl,
+        "device": name,
+        "precision": precision,
+        "params": count_parameters(module),
+        "tgt_tokens_per_s": tokens / seconds,
+        "flops_per_s": fpt * tokens / seconds,
+        "peak_memory_bytes": peak_mem,
+        "seconds_per_update": seconds / len(timed),
+        "tgt_tokens_per_update": tokens / len(timed),
+    }
+
+
+def _child(queue: mp.Queue, args: tuple) -> None:
+    try:
+        queue.put(_measure(*args))
+    except BaseException as err:  # report, do not hang the parent
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def run_isolated(args: tuple) -> dict[str, Any]:
+    """One measurement in a fresh process, so that its peak memory and allocator state are its own."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(queue, args))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    if "error" in result:
+        raise RuntimeError(f"{args[0]} failed: {result['error']}")
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over repeats of each figure; MFU on GPUs with a known peak."""
+    out = dict(runs[0])
+    for key in ("tgt_tokens_per_s", "flops_per_s", "peak_memory_bytes", "seconds_per_update"):
+        out[key] = statistics.median(r[key] for r in runs)
+    peak = peak_tflops(out["device"]) if "CPU" not in out["device"] else None
+    out["mfu"] = out["flops_per_s"] / (peak * 1e12) if peak else None
+    return out
+
+
+def format_table(tmt: dict[str, Any], peer: dict[str, Any]) -> str:
+    rows = [("tmt", tmt), ("torch.nn.Transformer", peer)]
+    lines = [
+        f"device: {tmt['device']}, precision {tmt['precision']}, {tmt['params'] / 1e6:.1f}M parameters (tmt), "
+        f"{tmt['tgt_tokens_per_update']:.0f} target tokens per update",
+        "",
+        "| implementation | tgt tok/s | model GFLOP/s | MFU | peak memory | s/update |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        lines.append(
+            f"| {name} | {r['tgt_tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e9:,.1f} | {mfu} | "
+            f"{r['peak_memory_bytes'] / 2**20:,.0f} MiB | {r['seconds_per_update']:.3f} |"
+        )
+    lines.append("")
+    lines.append(f"ratio tmt / peer (target tokens/s): {tmt['tgt_tokens_per_s'] / peer['tgt_tokens_per_s']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="YAML config whose model and train sections are measured")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (repeatable)")
+    parser.add_argument("--steps", type=int, default=10, help="timed updates per run (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed updates first (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of tmt + peer; medians are reported")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    runs: dict[str, list[dict[str, Any]]] = {"tmt": [], "peer": []}
+    for r in range(args.repeats):
+        for impl in ("tmt", "peer"):
+            result = run_isolated((impl, cfg.to_dict(), args.steps, args.warmup, args.seed, args.threads))
+            runs[impl].append(result)
+            print(f"round {r + 1}/{args.repeats} {impl}: {result['tgt_tokens_per_s']:,.0f} tgt tok/s", file=sys.stderr)
+    tmt, peer = summarize(runs["tmt"]), summarize(runs["peer"])
+    print(format_table(tmt, peer))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"tmt": tmt, "peer": peer, "runs": runs, "config": cfg.to_dict()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Checkpoint averaging: element-wise mean in float64, key/shape checks, the `last K` choice and the CLI."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+from transformer_mt.config import Config, save_config
+from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
+from transformer_mt.train.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+
+
+def _ckpt(path, update, model, spm=b"spm"):
+    save_checkpoint(
+        path,
+        {
+            "model": model,
+            "config": {"train": {"seed": update}},
+            "spm_model": torch.tensor(list(spm), dtype=torch.uint8),
+            "update": update,
+            "optimizer": {"state": {}, "param_groups": []},
+        },
+    )
+    return path
+
+
+def _model(seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(5, 4, generator=g).to(dtype),
+        "fc.bias": torch.randn(4, generator=g).to(dtype),
+        "steps": torch.tensor([3], dtype=torch.long),
+    }
+
+
+def test_mean_of_parameters(tmp_path):
+    models = [_model(s) for s in (1, 2, 3)]
+    paths = [
+        _ckpt(tmp_path / checkpoint_name(u), u, m, spm=f"spm{u}".encode())
+        for u, m in zip((30, 10, 20), models, strict=True)
+    ]
+    out = tmp_path / "average.pt"
+    average_checkpoints(paths, out)
+    avg = load_checkpoint(out)
+    for key in ("embed.weight", "fc.bias"):
+        expected = torch.stack([m[key].double() for m in models]).mean(0).float()
+        assert avg["model"][key].dtype == torch.float32
+        assert torch.equal(avg["model"][key], expected)
+    assert torch.equal(avg["model"]["steps"], models[0]["steps"])
+    # metadata of the newest input (highest update), whatever the order given
+    assert avg["update"] == 30 and avg["config"] == {"train": {"seed": 30}}
+    assert bytes(avg["spm_model"].tolist()) == b"spm30"
+
+
+def test_bf16_is_cast_back_after_float64_accumulation(tmp_path):
+    models = [_model(s, torch.bfloat16) for s in (4, 5)]
+    paths = [_ckpt(tmp_path / f"{i}.pt", i, m) for i, m in enumerate(models)]
+    average_checkpoints(paths, tmp_path / "avg.pt")
+    avg = load_checkpoint(tmp_path / "avg.pt")["model"]["fc.bias"]
+    assert avg.dtype == torch.bfloat16
+    assert torch.equal(avg, ((models[0]["fc.bias"].double() + models[1]["fc.bias"].double()) / 2).bfloat16())
+
+
+def test_rejects_mismatched_keys(tmp_path):
+    a = _ckpt(tmp_path / "a.pt", 1, _model(1))
+    other = _model(2)
+    other["extra.weight"] = torch.zeros(2)
+    b = _ckpt(tmp_path / "b.pt", 2, other)
+    with pytest.raises(AverageError, match=r"b\.pt.*extra\.weight"):
+        average_checkpoints([a, b], tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_rejects_mismatched_shapes(tmp_path):
+    a = _ckpt(tmp_path / "a.pt", 1, _model(1))
+    other = _model(2)
+    other["fc.bias"] = torch.zeros(5)
+    b = _ckpt(tmp_path / "b.pt", 2, other)
+    with pytest.raises(AverageError, match=r"b\.pt.*fc\.bias.*\(5,\)"):
+        average_checkpoints([a, b], tmp_path / "out.pt")
+
+
+def test_rejects_corrupt_input(tmp_path):
+    a = _ckpt(tmp_path / "a.pt", 1, _model(1))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(AverageError, match="bad.pt"):
+        average_checkpoints([a, bad], tmp_path / "out.pt")
+
+
+def test_last_checkpoints(tmp_path, capsys):
+    for u in (100, 900, 300, 1200, 50):
+        _ckpt(tmp_path / checkpoint_name(u), u, _model(u))
+    _ckpt(tmp_path / "checkpoint_best.pt", 5000, _model(0))
+    _ckpt(tmp_path / "average.pt", 5000, _model(0))
+    assert [p.name for p in last_checkpoints(tmp_path, 3)] == [checkpoint_name(u) for u in (300, 900, 1200)]
+    assert len(last_checkpoints(tmp_path, 9)) == 5
+    assert "fewer than --last 9" in capsys.readouterr().err
+    best_only = tmp_path / "best_only"
+    best_only.mkdir()
+    _ckpt(best_only / "checkpoint_best.pt", 1, _model(0))
+    with pytest.raises(AverageError, match="no checkpoint_u"):
+        last_checkpoints(best_only, 3)
+
+
+def test_cli_average(tmp_path):
+    for u in (10, 20, 30):
+        _ckpt(tmp_path / checkpoint_name(u), u, _model(u))
+    cfg = Config()
+    cfg.train.average_last = 2
+    save_config(cfg, tmp_path / "config.yaml")
+    result = CliRunner().invoke(app, ["average", str(tmp_path)])  # --last from the run's train.average_last
+    assert result.exit_code == 0, result.output
+    avg = load_checkpoint(tmp_path / "average.pt")
+    assert avg["averaged_from"] == [str(tmp_path / checkpoint_name(u)) for u in (20, 30)]
+    out = tmp_path / "two.pt"
+    a, b = (str(tmp_path / checkpoint_name(u)) for u in (10, 30))
+    result = CliRunner().invoke(app, ["average", "--inputs", a, "--inputs", b, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(out)["update"] == 30
+    result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "3", "-o", str(out)])
+    assert len(load_checkpoint(out)["averaged_from"]) == 3
+    result = CliRunner().invoke(app, ["average", str(tmp_path / "missing")])
+    assert result.exit_code != 0 and "no such run directory" in result.output

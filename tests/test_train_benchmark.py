@@ -1,0 +1,50 @@
+"""benchmarks/train_throughput.py: the device peak table, the synthetic batches and one tiny measurement."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.config import load_config
+from transformer_mt.data.bpe import PAD
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "train_throughput.py"
+_spec = importlib.util.spec_from_file_location("train_throughput", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [("NVIDIA H200", 989.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+     ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Some CPU", None)],
+)  # fmt: skip
+def test_peak_by_device_name(name, peak):
+    assert bench.peak_tflops(name) == peak
+
+
+def test_synthetic_batches_fit_max_tokens_and_lengths():
+    batches = bench.synthetic_batches(vocab_size=500, max_tokens=1024, count=5, seed=3)
+    assert len(batches) == 5
+    for b in batches:
+        assert b.src.numel() <= 1024 and b.tgt_out.numel() <= 1024
+        lens = (b.tgt_out != PAD).sum(1)
+        assert lens.min() >= 11 and lens.max() <= 41  # 10-40 tokens + EOS
+        assert b.src.max() < 500 and torch.equal(b.tgt_in != PAD, b.tgt_out != PAD)
+    again = bench.synthetic_batches(vocab_size=500, max_tokens=1024, count=5, seed=3)
+    assert all(torch.equal(a.src, b.src) for a, b in zip(batches, again, strict=True))
+
+
+@pytest.mark.parametrize("impl", ["tmt", "peer"])
+def test_one_tiny_measurement(impl):
+    overrides = ["model.d_model=32", "model.d_ff=64", "model.heads=2", "model.encoder_layers=1",
+                 "model.decoder_layers=1", "bpe.vocab_size=200", "train.max_tokens=256"]  # fmt: skip
+    cfg = load_config(None, overrides)
+    threads = torch.get_num_threads()
+    result = bench._measure(impl, cfg.to_dict(), steps=2, warmup=1, seed=1, threads=1)
+    torch.set_num_threads(threads)
+    assert result["impl"] == impl and result["tgt_tokens_per_s"] > 0 and result["flops_per_s"] > 0
+    assert result["peak_memory_bytes"] > 0 and result["tgt_tokens_per_update"] > 50

@@ -1,0 +1,211 @@
+"""The training loop on the prepared toy corpus: learning, exact resume, stop rules and user-facing errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.config import Config
+from transformer_mt.data.dataset import Batch
+from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints, load_checkpoint
+from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.trainer import (
+    Stepper,
+    TrainError,
+    UpdateStats,
+    accumulate_gradients,
+    apply_gradients,
+    resolve_precision,
+    train_model,
+)
+
+
+def _cfg(cfg: Config, save_dir, **train) -> Config:
+    # One thread: on a busy 2-core machine, two threads spin-waiting on tiny matrices are ~5x slower.
+    train = {"num_threads": 1, **train}
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_path):
+    run = tmp_path / "run"
+    cfg = _cfg(
+        prepared_toy, run, max_updates=0, max_epochs=1, update_freq=2, validate_every=5, save_every_updates=20,
+        keep_last=2, log_every=10,
+    )  # fmt: skip
+    result = train_model(cfg)
+    last = load_checkpoint(run / checkpoint_name(result.update))
+    # stopped by max_epochs, after every batch of epoch 1, grouped 2 per update
+    assert result.stop_reason == "max_epochs=1" and last["epoch"] == 1
+    assert result.update == math.ceil(last["batch_in_epoch"] / 2) > 40
+    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    assert [m["update"] for m in valid] == [*range(5, result.update + 1, 5), result.update]
+    assert valid[-1]["loss"] < valid[0]["loss"] - 0.5
+    assert result.valid_loss == pytest.approx(valid[-1]["loss"])
+    assert valid[-1]["ppl"] == pytest.approx(math.exp(valid[-1]["nll"]))
+    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    assert [m["update"] for m in train] == list(range(10, result.update + 1, 10))
+    assert all(m["tgt_tokens_per_s"] > 0 and m["lr"] > 0 and m["nll"] < m["loss"] for m in train)
+    # keep_last=2 periodic checkpoints (the final one included) + the best one; each is self-contained
+    assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(40), checkpoint_name(result.update)]
+    best = load_checkpoint(run / BEST_NAME)
+    assert best["valid_loss"] == pytest.approx(min(m["loss"] for m in valid))
+    spm = (Path(prepared_toy.data.dir) / "spm.model").read_bytes()
+    assert bytes(last["spm_model"].tolist()) == spm
+    assert last["config"] == cfg.to_dict()
+    assert (run / "config.yaml").read_text() == cfg.to_yaml()
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp_path, capsys):
+    """12 updates, crash, resume, 12 more == 24 straight (dropout on, update_freq 2, crossing an epoch)."""
+    common = dict(max_tokens=2048, update_freq=2, validate_every=6, save_every_updates=4, log_every=4, keep_last=0)
+    assert prepared_toy.model.dropout > 0
+    straight = tmp_path / "straight"
+    train_model(_cfg(prepared_toy, straight, max_updates=24, **common))
+
+    interrupted = tmp_path / "interrupted"
+    train_model(_cfg(prepared_toy, interrupted, max_updates=12, **common))
+    newest = interrupted / checkpoint_name(12)
+    newest.write_bytes(newest.read_bytes()[:1000])  # the crash cut the newest checkpoint short
+    capsys.readouterr()
+    result = train_model(_cfg(prepared_toy, interrupted, max_updates=24, **common))
+    err = capsys.readouterr().err
+    assert f"skipping {newest}" in err and f"resuming from {interrupted / checkpoint_name(8)} at update 8" in err
+    assert result.epoch == 2  # the run crossed into the second epoch
+
+    a = load_checkpoint(straight / checkpoint_name(24))
+    b = load_checkpoint(interrupted / checkpoint_name(24))
+    assert (a["epoch"], a["batch_in_epoch"]) == (b["epoch"], b["batch_in_epoch"])
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    for i, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][i]["exp_avg_sq"])
+    assert torch.equal(a["rng"]["torch_cpu"][0], b["rng"]["torch_cpu"][0])
+    # the metrics of the replayed updates are not duplicated
+    assert [m["update"] for m in _metrics(interrupted)] == [m["update"] for m in _metrics(straight)]
+
+
+def test_already_finished_run_does_nothing(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    mtime = (run / checkpoint_name(3)).stat().st_mtime_ns
+    result = train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    assert result.update == 3 and (run / checkpoint_name(3)).stat().st_mtime_ns == mtime
+
+
+def test_wall_clock_limits(prepared_toy, tmp_path):
+    """max_minutes stops the run; save_every_minutes writes a checkpoint whenever that much time has passed."""
+    result = train_model(_cfg(prepared_toy, tmp_path / "a", max_updates=50, max_minutes=1e-9, validate_every=100))
+    assert result.update == 1 and result.stop_reason.startswith("max_minutes")
+    run = tmp_path / "b"
+    train_model(_cfg(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=0, validate_every=100))
+    assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (1, 2, 3)]
+
+
+def test_nonfinite_updates_stop_with_advice(prepared_toy, tmp_path):
+    cfg = _cfg(prepared_toy, tmp_path / "run", lr_scale=1e38, max_nonfinite=3, warmup=1)
+    with pytest.raises(TrainError, match=r"3 updates in a row.*lower train.lr_scale.*clip_norm"):
+        train_model(cfg)
+
+
+def test_missing_data_is_a_train_error(prepared_toy, tmp_path):
+    data = dataclasses.replace(prepared_toy.data, train=str(tmp_path / "nope/train"), dir=str(tmp_path / "prep"))
+    cfg = dataclasses.replace(_cfg(prepared_toy, tmp_path / "run"), data=data)
+    with pytest.raises(TrainError, match="nope"):
+        train_model(cfg)
+
+
+def test_resume_refuses_a_different_model(prepared_toy, tmp_path):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    other = dataclasses.replace(
+        _cfg(prepared_toy, run, max_updates=2), model=dataclasses.replace(prepared_toy.model, d_ff=128)
+    )
+    with pytest.raises(TrainError, match="different model.*new train.save_dir"):
+        train_model(other)
+
+
+def test_out_of_memory_names_the_batch_and_a_smaller_max_tokens():
+    class Exploding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, src, tgt_in):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    module = Exploding()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    env = DistEnv(0, 1, 0, torch.device("cpu"), True)
+    step = Stepper(module, module, torch.optim.SGD(module.parameters()), scaler, env, "fp32", 0.1, 0.0, 4096, 2)
+    batch = Batch(
+        torch.ones(8, 30, dtype=torch.long), torch.ones(8, 25, dtype=torch.long), torch.ones(8, 25, dtype=torch.long)
+    )
+    with pytest.raises(TrainError, match=r"src \(8, 30\), tgt \(8, 25\).*max_tokens=2048.*update_freq=4"):
+        accumulate_gradients(step, [batch])
+
+
+def test_num_threads_is_applied_and_restored(prepared_toy, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr("transformer_mt.train.trainer.Trainer.run", lambda self: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    train_model(_cfg(prepared_toy, tmp_path / "run", num_threads=1))
+    assert seen == [1] and torch.get_num_threads() == before
+
+
+def _linear_stepper(clip_norm: float, grad: float) -> tuple[torch.nn.Linear, Stepper]:
+    m = torch.nn.Linear(3, 2)
+    for p in m.parameters():
+        p.grad = torch.full_like(p, grad)
+    env = DistEnv(0, 1, 0, torch.device("cpu"), True)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return m, Stepper(m, m, torch.optim.SGD(m.parameters(), lr=0.0), scaler, env, "fp32", 0.1, clip_norm)
+
+
+def test_clip_norm_scales_the_whole_gradient_to_the_limit():
+    m, step = _linear_stepper(clip_norm=1.0, grad=10.0)
+    before = torch.cat([p.detach().flatten() for p in m.parameters()])
+    stats = apply_gradients(step, UpdateStats(loss_sum=1.0, tokens=5), lr=1.0)
+    after = torch.cat([p.detach().flatten() for p in m.parameters()])
+    assert stats.stepped and stats.gnorm == pytest.approx(10.0 * 8**0.5)  # reported before clipping
+    assert (before - after).norm().item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_nonfinite_gradient_skips_the_step():
+    m, step = _linear_stepper(clip_norm=0.0, grad=float("nan"))
+    before = [p.detach().clone() for p in m.parameters()]
+    stats = apply_gradients(step, UpdateStats(loss_sum=1.0, tokens=5), lr=1.0)
+    assert not stats.stepped and all(torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_precision_resolution():
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == "fp32"
+    assert resolve_precision("bf16", cpu) == "bf16"
+    with pytest.raises(TrainError, match="fp16 needs a CUDA device"):
+        resolve_precision("fp16", cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_gpu(prepared_toy, tmp_path, precision):
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    run = tmp_path / "run"
+    result = train_model(_cfg(prepared_toy, run, precision=precision, max_updates=20, validate_every=10))
+    state = load_checkpoint(run / checkpoint_name(20))
+    assert result.update == 20 and math.isfinite(result.valid_loss)
+    assert bool(state["scaler"]) == (precision == "fp16")
+    assert len(state["rng"]["torch_cuda"]) == 1

@@ -1,0 +1,115 @@
+"""Checkpoint files: atomic writes, safe loads, names that sort by update, and the resume search.
+
+A checkpoint is a dict of tensors and plain Python values only (see
+docs/architecture.md), so it loads with ``torch.load(weights_only=True)``:
+loading never runs code stored in the file. Writes go to a temporary file in
+the same directory, are fsync'ed and then renamed over the target, so a crash
+or a full disk leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_RE = re.compile(r"^checkpoint_u(\d+)\.pt$")
+BEST_NAME = "checkpoint_best.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be read or written; the message names the file."""
+
+
+def checkpoint_name(update: int) -> str:
+    """``checkpoint_u0001200.pt``: zero-padded so that names sort like update numbers."""
+    return f"checkpoint_u{update:07d}.pt"
+
+
+def checkpoint_update(path: Path) -> int | None:
+    """The update number in a periodic checkpoint's name, or None for any other file."""
+    match = CHECKPOINT_RE.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Periodic checkpoints of a run, oldest update first (never the best or averaged files)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(u, p) for p in run_dir.iterdir() if (u := checkpoint_update(p)) is not None and p.is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically: temp file in the same directory, fsync, os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, Exception):
+            raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU without unpickling code; CheckpointError names a bad file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, bad magic, foreign pickle: all mean "not a usable checkpoint"
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            "the file is truncated or corrupt: delete it, or pick another checkpoint of the run"
+        ) from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a tmt checkpoint (no 'model' entry); was it written by `tmt train`?")
+    return state
+
+
+def find_resume_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable periodic checkpoint of a run and its state; unreadable ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as err:
+            print(f"warning: skipping {err}", file=sys.stderr)
+    return None
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` periodic checkpoints (0 keeps all); returns the deleted paths."""
+    if keep_last <= 0:
+        return []
+    old = list_checkpoints(run_dir)[:-keep_last]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old

@@ -1,0 +1,655 @@
+"""The training loop: token-normalized gradient accumulation, the paper's schedule, exact resume, DDP.
+
+One update = ``train.update_freq`` batches on each of the world's ranks. The
+summed label-smoothed loss of every batch is divided by the number of target
+tokens in the whole update (all batches, all ranks) before backward, so the
+gradient is the per-token mean whatever the batch sizes, accumulation or number
+of GPUs (DDP then averages over ranks, hence the extra factor ``world_size``).
+
+Everything that decides the trajectory lives in the checkpoint (weights,
+optimizer, update number, epoch and position in the epoch's batch order, every
+rank's RNG state), so a run interrupted and resumed follows the same
+trajectory, bit for bit on CPU, as a run never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from transformer_mt.config import Config, ConfigError, config_from_dict, save_config
+from transformer_mt.data.batching import batch_by_size, epoch_batches, ordered_indices, shard_batches
+from transformer_mt.data.bpe import BOS, EOS, PAD, load_bpe
+from transformer_mt.data.dataset import Batch, ParallelDataset, collate
+from transformer_mt.model.transformer import Transformer, count_parameters
+from transformer_mt.train.checkpoint import (
+    BEST_NAME,
+    CheckpointError,
+    checkpoint_name,
+    find_resume_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from transformer_mt.train.distributed import DistEnv, all_gather_object, all_reduce_sum, barrier, cleanup, setup
+from transformer_mt.train.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt.train.schedule import build_optimizer, lr_function, set_lr
+
+MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
+
+
+class TrainError(RuntimeError):
+    """A training problem the user can fix; the message says what to change."""
+
+
+@dataclass
+class Progress:
+    """Where the run is: what a checkpoint must hold besides weights and optimizer to resume exactly."""
+
+    update: int = 0  # optimizer steps taken (skipped non-finite updates do not count)
+    epoch: int = 1  # counted from 1
+    batch_in_epoch: int = 0  # batches of this epoch's (per-rank) batch order already consumed
+    best_valid_loss: float = math.inf
+    valid_loss: float | None = None  # label-smoothed loss per target token (nats) at the last validation
+    valid_update: int = -1  # update of the last validation
+    nonfinite_in_row: int = 0
+
+
+@dataclass
+class TrainResult:
+    """What `train_model` returns: the final position and validation figures (per target token, nats)."""
+
+    update: int
+    epoch: int
+    valid_loss: float | None
+    valid_nll: float | None
+    best_valid_loss: float
+    save_dir: Path
+    stop_reason: str
+
+
+@dataclass
+class UpdateStats:
+    """Sums over one update, all ranks: label-smoothed loss and NLL (nats), target tokens, sentences."""
+
+    loss_sum: float = 0.0
+    nll_sum: float = 0.0
+    tokens: float = 0.0
+    sentences: float = 0.0
+    gnorm: float = 0.0
+    stepped: bool = False
+
+
+@dataclass
+class Stepper:
+    """What one update needs; ``model`` is what runs forward (DDP and/or compiled), ``module`` the plain model."""
+
+    model: nn.Module
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    env: DistEnv
+    precision: str
+    label_smoothing: float
+    clip_norm: float
+    max_tokens: int = 0
+    update_freq: int = 1
+
+
+# ---------------------------------------------------------------- precision and one update
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 on CUDA devices that support it, fp16 (with loss scaling) on older GPUs, fp32 on CPU."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision == "fp16" and device.type != "cuda":
+        raise TrainError("train.precision=fp16 needs a CUDA device; on CPU use fp32 (or bf16)")
+    return precision
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def forward_loss(
+    model: nn.Module, batch: Batch, precision: str, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed (label-smoothed loss, NLL) in nats over the batch's target tokens; log-softmax in fp32."""
+    with autocast(batch.src.device, precision):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    return label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch.tgt_out.reshape(-1), label_smoothing, PAD)
+
+
+def filler_batch(device: torch.device) -> Batch:
+    """A one-token batch run with weight 0 by a rank whose shard is empty, so every rank joins the same collectives."""
+    one = torch.tensor([[EOS]], device=device)
+    return Batch(one, torch.tensor([[BOS]], device=device), one.clone())
+
+
+def _oom_message(batch: Batch, max_tokens: int, update_freq: int) -> str:
+    smaller = max(max_tokens // 2, 1)
+    return (
+        f"out of memory on a batch of src {tuple(batch.src.shape)}, tgt {tuple(batch.tgt_out.shape)} "
+        f"(train.max_tokens={max_tokens}); try --set train.max_tokens={smaller} "
+        f"--set train.update_freq={update_freq * 2} (same tokens per update, half the memory per batch)"
+    )
+
+
+def accumulate_gradients(step: Stepper, batches: list[Batch | None]) -> UpdateStats:
+    """Forward and backward over this rank's batches of one update, gradients normalized by the global token count.
+
+    ``None`` (or an empty batch) is this rank's filler: a zero-weight step.
+    DDP synchronizes gradients on the last batch only (``no_sync`` on the others).
+    """
+    env = step.env
+    local_tokens = sum(b.num_tgt_tokens for b in batches if b is not None and len(b) > 0)
+    local_sents = sum(len(b) for b in batches if b is not None)
+    total_tokens, total_sents = all_reduce_sum([float(local_tokens), float(local_sents)], env)
+    stats = UpdateStats(tokens=total_tokens, sentences=total_sents)
+    if total_tokens == 0:
+        return stats
+    norm = env.world_size / total_tokens if isinstance(step.model, DDP) else 1.0 / total_tokens
+    sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # (loss, nll), on the device: one sync per update
+    for i, batch in enumerate(batches):
+        empty = batch is None or len(batch) == 0
+        batch = filler_batch(env.device) if empty else batch.to(env.device, non_blocking=True)
+        sync = i == len(batches) - 1 or not isinstance(step.model, DDP)
+        with contextlib.nullcontext() if sync else step.model.no_sync():
+            try:
+                loss, nll = forward_loss(step.model, batch, step.precision, step.label_smoothing)
+                weight = 0.0 if empty else norm
+                step.scaler.scale(loss * weight).backward()
+            except torch.OutOfMemoryError:
+                raise TrainError(_oom_message(batch, step.max_tokens, step.update_freq)) from None
+        if not empty:
+            sums += torch.stack([loss.detach(), nll.detach()]).double()
+    stats.loss_sum, stats.nll_sum = all_reduce_sum(sums.tolist(), env)
+    return stats
+
+
+def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats:
+    """Clip (optionally), check finiteness and step the optimizer; a non-finite update is skipped.
+
+    Gradients are identical on every rank after DDP's all-reduce, so every rank
+    takes the same decision without another collective.
+    """
+    params = [p for p in step.module.parameters() if p.grad is not None]
+    step.scaler.unscale_(step.optimizer)
+    grads = [p.grad for p in params]
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    gnorm = float(norm)  # the one host sync of the update's gradients
+    finite = math.isfinite(gnorm) and math.isfinite(stats.loss_sum)
+    if finite and step.clip_norm > 0 and grads:
+        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)
+    set_lr(step.optimizer, lr)
+    if step.scaler.is_enabled():
+        step.scaler.step(step.optimizer)  # skips the step itself when the scaled gradients overflowed
+        step.scaler.update()
+    elif finite:
+        step.optimizer.step()
+    step.optimizer.zero_grad(set_to_none=True)
+    stats.gnorm, stats.stepped = gnorm, finite and stats.tokens > 0
+    return stats
+
+
+# ---------------------------------------------------------------- validation
+
+
+@torch.no_grad()
+def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, precision: str) -> tuple[float, float]:
+    """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it."""
+    indices = ordered_indices(ds.src_lens, ds.tgt_lens, cfg.train.seed)
+    batches = shard_batches(
+        batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens), env.rank, env.world_size
+    )
+    was_training = module.training
+    module.eval()
+    loss_sum = nll_sum = tokens = 0.0
+    for idx in batches:
+        if len(idx) == 0:
+            continue
+        batch = collate(ds, idx).to(env.device)
+        loss, nll = forward_loss(module, batch, precision, cfg.train.label_smoothing)
+        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.num_tgt_tokens
+    module.train(was_training)
+    loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], env)
+    if tokens == 0:
+        raise TrainError(f"the validation split in {cfg.data.dir} has no sentence shorter than train.max_tokens")
+    return loss_sum / tokens, nll_sum / tokens
+
+
+# ---------------------------------------------------------------- RNG, checkpoints, metrics
+
+
+def _dropout_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own dropout masks; the stream is derived from the config seed."""
+    return seed * 1_000_003 + 7919 * (rank + 1)
+
+
+def rng_state(env: DistEnv) -> dict[str, Any]:
+    """Every rank's torch RNG states (CPU, and CUDA when used), gathered so that rank 0 can save them.
+
+    Batch order needs none: it is a pure function of (seed, epoch) via seeded numpy Generators.
+    """
+    local = {"cpu": torch.get_rng_state()}
+    if env.device.type == "cuda":
+        local["cuda"] = torch.cuda.get_rng_state(env.device)
+    states = all_gather_object(local, env)
+    out: dict[str, Any] = {"world_size": env.world_size, "torch_cpu": [s["cpu"] for s in states]}
+    if env.device.type == "cuda":
+        out["torch_cuda"] = [s["cuda"] for s in states]
+    return out
+
+
+def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> None:
+    """Restore this rank's RNG states; with a different world size the trajectory cannot be exact, so reseed."""
+    if rng.get("world_size") == env.world_size:
+        torch.set_rng_state(rng["torch_cpu"][env.rank])
+        if env.device.type == "cuda" and "torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng["torch_cuda"][env.rank], env.device)
+        return
+    if env.is_main:
+        tqdm.write(
+            f"warning: the checkpoint was written by {rng.get('world_size')} processes, this run has "
+            f"{env.world_size}; dropout masks are reseeded, so the trajectory differs from an uninterrupted run",
+            file=sys.stderr,
+        )
+    torch.manual_seed(_dropout_seed(seed, env.rank) + update)
+
+
+@dataclass
+class RunFiles:
+    """Rank 0's outputs in save_dir: metrics.jsonl, optional TensorBoard events."""
+
+    save_dir: Path
+    tensorboard: Any = None
+    _metrics: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, save_dir: Path, resume_update: int | None) -> RunFiles:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        path = save_dir / "metrics.jsonl"
+        if resume_update is not None and path.is_file():
+            _truncate_metrics(path, resume_update)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tensorboard = SummaryWriter(str(save_dir / "tensorboard"))
+        except ImportError:  # optional: `pip install tensorboard` to get event files
+            tensorboard = None
+        return cls(save_dir, tensorboard, open(path, "a", encoding="utf-8"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("update", "epoch"):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["update"])
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def _truncate_metrics(path: Path, update: int) -> None:
+    """Drop metric lines past the checkpoint being resumed from: they belong to a trajectory that is replayed."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("update", 0) <= update:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Trainer:
+    """One training run: built by `train_model`, driven by `run`."""
+
+    def __init__(self, cfg: Config, env: DistEnv) -> None:
+        self.cfg, self.env, tc = cfg, env, cfg.train
+        self.save_dir = Path(tc.save_dir)
+        self.data_dir = self._prepare()
+        try:
+            self.train_ds = ParallelDataset(self.data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
+            self.valid_ds = ParallelDataset(self.data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
+        except (FileNotFoundError, ValueError) as err:  # the messages say which file and to run `tmt prepare`
+            raise TrainError(str(err)) from None
+        spm_path = self.data_dir / "spm.model"
+        self.spm_bytes = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
+        vocab_size = load_bpe(spm_path).get_piece_size()
+        self.precision = resolve_precision(tc.precision, env.device)
+        torch.manual_seed(tc.seed)  # identical initial weights on every rank
+        self.module = Transformer(cfg.model, vocab_size, pad_id=PAD).to(env.device)
+        torch.manual_seed(_dropout_seed(tc.seed, env.rank))
+        self.optimizer = build_optimizer(self.module.parameters(), tc)
+        scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision == "fp16")
+        model: nn.Module = torch.compile(self.module) if tc.compile else self.module
+        if env.distributed:
+            model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        self.step = Stepper(
+            model, self.module, self.optimizer, scaler, env, self.precision, tc.label_smoothing, tc.clip_norm,
+            tc.max_tokens, tc.update_freq,
+        )  # fmt: skip
+        self.lr_at = lr_function(cfg.model.d_model, tc.warmup, tc.lr_scale)
+        self.progress = Progress()
+        self.last_save_update = -1
+        self.start_time = self.last_save_time = time.monotonic()
+        resume = self._resume()
+        self.files = RunFiles.open(self.save_dir, resume) if env.is_main else None
+        if env.is_main:
+            self._announce(vocab_size)
+
+    # -- setup
+
+    def _prepare(self) -> Path:
+        """Rank 0 prepares the data (when needed); the others wait, then learn whether it worked."""
+        from transformer_mt.data.prepare import PrepareError, prepare_data
+
+        error: Exception | None = None
+        if self.env.is_main:
+            try:
+                data_dir = prepare_data(self.cfg)
+            except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
+                error = err
+        (failed,) = all_reduce_sum([1.0 if error else 0.0], self.env)
+        if isinstance(error, PrepareError):
+            raise TrainError(str(error)) from None
+        if error is not None:
+            raise error
+        if failed:
+            raise TrainError("rank 0 could not prepare the data (its message says why)")
+        return Path(data_dir) if self.env.is_main else Path(self.cfg.data.dir)
+
+    def _resume(self) -> int | None:
+        """Load the newest readable checkpoint of save_dir, if any; returns its update."""
+        found = find_resume_checkpoint(self.save_dir)
+        if found is None:
+            return None
+        path, state = found
+        saved = config_from_dict(state["config"], origin=str(path))
+        if saved.model != self.cfg.model:
+            raise TrainError(
+                f"{path} holds a different model ({saved.model}) than the config ({self.cfg.model}); "
+                "use a new train.save_dir, or restore the model section the run was started with"
+            )
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            self.step.scaler.load_state_dict(state["scaler"])
+        p = self.progress
+        p.update, p.epoch, p.batch_in_epoch = int(state["update"]), int(state["epoch"]), int(state["batch_in_epoch"])
+        p.best_valid_loss = float(state.get("best_valid_loss", math.inf))
+        p.valid_loss = state.get("valid_loss")
+        p.valid_update = int(state.get("valid_update", -1))
+        restore_rng(state["rng"], self.env, self.cfg.train.seed, p.update)
+        self.last_save_update = p.update
+        if self.env.is_main:
+            tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
+        return p.update
+
+    def _announce(self, vocab_size: int) -> None:
+        tc, env = self.cfg.train, self.env
+        tokens = tc.max_tokens * tc.update_freq * env.world_size
+        tqdm.write(
+            f"model: {count_parameters(self.module):,} parameters, vocabulary {vocab_size}; "
+            f"{env.world_size} process(es) on {env.device.type}, precision {self.precision}; "
+            f"tokens per update <= max_tokens {tc.max_tokens} x update_freq {tc.update_freq} x {env.world_size} "
+            f"= {tokens:,}",
+            file=sys.stderr,
+        )
+        save_dir = self.save_dir
+        tmp = save_dir / ".config.yaml.tmp"
+        save_config(self.cfg, tmp)
+        os.replace(tmp, save_dir / "config.yaml")
+
+    # -- checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "model": self.module.state_dict(),
+            "config": self.cfg.to_dict(),
+            "spm_model": self.spm_bytes,
+            "optimizer": self.optimizer.state_dict(),
+            "update": p.update,
+            "epoch": p.epoch,
+            "batch_in_epoch": p.batch_in_epoch,
+            "scaler": self.step.scaler.state_dict() if self.step.scaler.is_enabled() else {},
+            "rng": rng_state(self.env),  # a collective: every rank calls _save
+            "best_valid_loss": p.best_valid_loss,
+            "valid_loss": p.valid_loss,
+            "valid_update": p.valid_update,
+        }
+
+    def _save(self, best: bool = False) -> None:
+        """Write checkpoint_u<update>.pt (or checkpoint_best.pt) from rank 0; every rank must call it."""
+        state = self._state()
+        if self.env.is_main:
+            name = BEST_NAME if best else checkpoint_name(self.progress.update)
+            save_checkpoint(self.save_dir / name, state)
+            if not best:
+                prune_checkpoints(self.save_dir, self.cfg.train.keep_last)
+        if not best:
+            self.last_save_update, self.last_save_time = self.progress.update, time.monotonic()
+        barrier(self.env)
+
+    def _validate(self) -> tuple[float, float]:
+        p = self.progress
+        loss, nll = validate(self.module, self.valid_ds, self.cfg, self.env, self.precision)
+        p.valid_loss, p.valid_update = loss, p.update
+        improved = loss < p.best_valid_loss
+        p.best_valid_loss = min(p.best_valid_loss, loss)
+        if self.files is not None:
+            record = {"kind": "valid", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll}
+            self.files.log({**record, "ppl": perplexity(nll), "best_loss": p.best_valid_loss})
+            tqdm.write(
+                f"valid at update {p.update}: loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} "
+                f"(best {p.best_valid_loss:.4f})",
+                file=sys.stderr,
+            )
+        if improved:
+            self._save(best=True)
+        self._last_valid_nll = nll
+        return loss, nll
+
+    # -- the loop
+
+    def _epoch_batches(self) -> list[np.ndarray]:
+        ds, tc, env = self.train_ds, self.cfg.train, self.env
+        batches = epoch_batches(
+            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, self.progress.epoch, env.rank, env.world_size
+        )
+        if not batches:
+            raise TrainError(
+                f"{self.data_dir}: no training batch: every sentence is longer than train.max_tokens={tc.max_tokens}; "
+                "raise train.max_tokens"
+            )
+        return batches
+
+    def _updates(self) -> Iterator[list[np.ndarray]]:
+        """This rank's batch groups, one per update, from the saved position on; ends when an epoch limit is hit."""
+        p, tc = self.progress, self.cfg.train
+        while True:
+            batches = self._epoch_batches()
+            while p.batch_in_epoch < len(batches):
+                group = batches[p.batch_in_epoch : p.batch_in_epoch + tc.update_freq]
+                yield group
+            if tc.max_epochs > 0 and p.epoch >= tc.max_epochs:
+                self.stop_reason = f"max_epochs={tc.max_epochs}"
+                return
+            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+
+    def _time_flags(self) -> tuple[bool, bool]:
+        """(stop, save) by the wall clock, agreed by all ranks (any rank's clock can trigger)."""
+        tc, now = self.cfg.train, time.monotonic()
+        stop = tc.max_minutes > 0 and now - self.start_time >= tc.max_minutes * 60
+        save = tc.save_every_minutes > 0 and now - self.last_save_time >= tc.save_every_minutes * 60
+        stop_n, save_n = all_reduce_sum([float(stop), float(save)], self.env)
+        return stop_n > 0, save_n > 0
+
+    def run(self) -> TrainResult:
+        p, tc = self.progress, self.cfg.train
+        self.stop_reason = ""
+        self._last_valid_nll: float | None = None
+        self.step.model.train()
+        bar = tqdm(
+            total=tc.max_updates or None, initial=p.update, disable=not self.env.is_main, file=sys.stderr,
+            unit="upd", dynamic_ncols=True, desc="train",
+        )  # fmt: skip
+        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "sentences": 0.0, "gnorm": 0.0, "n": 0, "t": time.monotonic()}
+        if tc.max_updates > 0 and p.update >= tc.max_updates:
+            self.stop_reason = f"max_updates={tc.max_updates}"
+        else:
+            for group in self._updates():
+                batches = [collate(self.train_ds, idx) if len(idx) else None for idx in group]
+                stats = accumulate_gradients(self.step, batches)
+                stats = apply_gradients(self.step, stats, self.lr_at(p.update + 1))
+                p.batch_in_epoch += len(group)
+                self._after_update(stats, window, bar)
+                time_stop, time_save = self._time_flags()
+                if stats.stepped and (
+                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0) or time_save
+                ):
+                    self._save()
+                if tc.max_updates > 0 and p.update >= tc.max_updates:
+                    self.stop_reason = f"max_updates={tc.max_updates}"
+                elif time_stop:
+                    self.stop_reason = f"max_minutes={tc.max_minutes}"
+                if self.stop_reason:
+                    break
+        bar.close()
+        return self._finish()
+
+    def _after_update(self, stats: UpdateStats, window: dict[str, float], bar: tqdm) -> None:
+        """Count the update (or the skip), log, validate."""
+        p, tc = self.progress, self.cfg.train
+        if not stats.stepped:
+            self._skipped(stats)
+            return
+        p.update += 1
+        p.nonfinite_in_row = 0
+        window["loss"] += stats.loss_sum
+        window["nll"] += stats.nll_sum
+        window["tokens"] += stats.tokens
+        window["sentences"] += stats.sentences
+        window["gnorm"] += stats.gnorm
+        window["n"] += 1
+        if self.env.is_main:
+            tokens = max(window["tokens"], 1.0)
+            seconds = max(time.monotonic() - window["t"], 1e-9)
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{window['loss'] / tokens:.3f}", ppl=f"{perplexity(window['nll'] / tokens):.1f}",
+                lr=f"{self.lr_at(p.update):.2e}", tok_s=f"{window['tokens'] / seconds:,.0f}", refresh=False,
+            )  # fmt: skip
+            if p.update % tc.log_every == 0:
+                self._log_train(window, seconds)
+        if p.update % tc.log_every == 0:
+            window.update(loss=0.0, nll=0.0, tokens=0.0, sentences=0.0, gnorm=0.0, n=0, t=time.monotonic())
+        if tc.validate_every > 0 and p.update % tc.validate_every == 0:
+            self._validate()
+
+    def _log_train(self, window: dict[str, float], seconds: float) -> None:
+        p, tokens = self.progress, max(window["tokens"], 1.0)
+        assert self.files is not None
+        self.files.log(
+            {
+                "kind": "train",
+                "update": p.update,
+                "epoch": p.epoch,
+                "loss": window["loss"] / tokens,
+                "nll": window["nll"] / tokens,
+                "ppl": perplexity(window["nll"] / tokens),
+                "lr": self.lr_at(p.update),
+                "gnorm": window["gnorm"] / max(window["n"], 1),
+                "tgt_tokens_per_update": window["tokens"] / max(window["n"], 1),
+                "tgt_tokens_per_s": window["tokens"] / seconds,
+                "minutes": (time.monotonic() - self.start_time) / 60,
+            }
+        )
+
+    def _skipped(self, stats: UpdateStats) -> None:
+        """A non-finite update: nothing was applied. fp16 overflows are the loss scaler's business."""
+        p, tc = self.progress, self.cfg.train
+        scaler = self.step.scaler
+        if stats.tokens == 0:
+            return
+        if scaler.is_enabled() and math.isfinite(stats.loss_sum):
+            if scaler.get_scale() < MIN_FP16_SCALE:
+                raise TrainError(
+                    f"fp16 loss scale fell below {MIN_FP16_SCALE} at update {p.update}: gradients keep overflowing; "
+                    "use train.precision=bf16 (or fp32), lower train.lr_scale or set train.clip_norm"
+                )
+            return
+        p.nonfinite_in_row += 1
+        if self.env.is_main:
+            tqdm.write(f"warning: non-finite loss or gradient after update {p.update}; update skipped", file=sys.stderr)
+        if p.nonfinite_in_row >= tc.max_nonfinite:
+            raise TrainError(
+                f"{p.nonfinite_in_row} updates in a row had a non-finite loss or gradient (after update {p.update}); "
+                f"lower train.lr_scale (now {tc.lr_scale}), set train.clip_norm (e.g. 1.0), "
+                f"or use train.precision=bf16 instead of fp16"
+            )
+
+    def _finish(self) -> TrainResult:
+        p = self.progress
+        nll = self._last_valid_nll
+        if p.valid_update != p.update:
+            _, nll = self._validate()
+        if self.last_save_update != p.update:
+            self._save()
+        if self.files is not None:
+            tqdm.write(
+                f"done at update {p.update}, epoch {p.epoch} ({self.stop_reason}); valid loss {p.valid_loss:.4f}, "
+                f"best {p.best_valid_loss:.4f}; checkpoints in {self.save_dir}",
+                file=sys.stderr,
+            )
+            self.files.close()
+        return TrainResult(p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason)
+
+
+def train_model(cfg: Config) -> TrainResult:
+    """Train (or resume) the run described by ``cfg`` until train.max_updates / max_epochs / max_minutes.
+
+    Works the same alone or under torchrun; rank 0 writes all files.
+    """
+    threads = torch.get_num_threads()
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    env = setup()
+    try:
+        return Trainer(cfg, env).run()
+    except (ConfigError, CheckpointError) as err:
+        raise TrainError(str(err)) from None
+    finally:
+        cleanup(env)
+        torch.set_num_threads(threads)
