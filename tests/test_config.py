@@ -107,6 +107,12 @@ def test_cross_key_validation():
         load_config(None, ["model.dropout=1.0"])
 
 
+@pytest.mark.parametrize("key", ["train.warmup", "train.log_every", "train.keep_last", "train.average_last"])
+def test_counts_that_must_be_positive(key):
+    with pytest.raises(ConfigError, match=rf"{key} must be positive, got 0"):
+        load_config(None, [f"{key}=0"])
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,12 +157,6 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
         return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(hint):
-            if arg is type(None) and value is None:
-                return None
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _coerce(value, args[0], where)
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -281,6 +274,11 @@ def validate(cfg: Config) -> None:
         "decode.beam_size": cfg.decode.beam_size,
         "decode.batch_tokens": cfg.decode.batch_tokens,
         "decode.nbest": cfg.decode.nbest,
+        "train.warmup": cfg.train.warmup,
+        "train.log_every": cfg.train.log_every,
+        "train.keep_last": cfg.train.keep_last,
+        "train.average_last": cfg.train.average_last,
+        "train.max_nonfinite": cfg.train.max_nonfinite,
     }
     for key, value in positive.items():
         if value <= 0:
