@@ -9,6 +9,7 @@ from transformer_mt.data.batching import (
     batch_by_size,
     epoch_batches,
     ordered_indices,
+    resume_position,
     shard_batches,
     shuffle_batches,
     too_long,
@@ -75,6 +76,21 @@ def test_long_sentences_are_dropped_and_counted():
     assert int(too_long(src, tgt, 100).sum()) == 2
 
 
+def test_max_len_drops_sentences_longer_than_the_model_accepts(lens):
+    """max_len (e.g. model.max_positions) below max_tokens: the tighter limit applies, on both sides."""
+    src, tgt = lens
+    batches = batch_by_size(ordered_indices(src, tgt, 1), src, tgt, 4096, max_len=50)
+    kept = np.concatenate(batches)
+    assert max(src[kept].max(), tgt[kept].max()) <= 50
+    assert sorted(kept.tolist()) == np.flatnonzero(~too_long(src, tgt, 50)).tolist()
+    assert len(kept) < len(src)
+    # a max_len above max_tokens changes nothing
+    loose = batch_by_size(ordered_indices(src, tgt, 1), src, tgt, 60, max_len=1000)
+    assert key(loose) == key(batch_by_size(ordered_indices(src, tgt, 1), src, tgt, 60))
+    per_rank = epoch_batches(src, tgt, 4096, seed=1, epoch=1, max_len=50)
+    assert sorted(np.concatenate(per_rank).tolist()) == sorted(kept.tolist())
+
+
 def test_empty_input_gives_no_batches():
     assert batch_by_size(np.array([], dtype=np.int64), np.array([]), np.array([]), 100) == []
 
@@ -125,3 +141,33 @@ def test_epoch_batches_deterministic_and_different_across_epochs(lens):
     assert len(r0) == len(a)
     covered = sorted(np.concatenate(r0 + a).tolist())
     assert covered == list(range(len(src)))
+
+
+def _consumed(src, tgt, consumed: int, world_size: int) -> list[int]:
+    """Sentences consumed by all ranks after ``consumed`` batches each."""
+    shards = [epoch_batches(src, tgt, 1024, 3, 1, r, world_size) for r in range(world_size)]
+    return sorted(i for s in shards for b in s[:consumed] for i in b.tolist())
+
+
+def test_resume_position_carries_over_exactly_or_says_it_cannot(lens):
+    """Whenever a position is returned, the new ranks have consumed exactly the sentences the old ones had."""
+    src, tgt = lens[0][:500], lens[1][:500]
+    converted = refused = 0
+    for old, new in [(1, 2), (2, 1), (2, 3), (3, 2), (1, 4)]:
+        per_rank = len(epoch_batches(src, tgt, 1024, 3, 1, 0, old))
+        for consumed in range(per_rank + 1):
+            position = resume_position(src, tgt, 1024, 3, 1, consumed, old, new)
+            refused += position is None
+            if position is not None:
+                assert _consumed(src, tgt, position, new) == _consumed(src, tgt, consumed, old), (old, new, consumed)
+                converted += 0 < consumed < per_rank
+        assert resume_position(src, tgt, 1024, 3, 1, 0, old, new) == 0
+        assert resume_position(src, tgt, 1024, 3, 1, per_rank, old, new) == len(
+            epoch_batches(src, tgt, 1024, 3, 1, 0, new)
+        )
+    assert converted > 0 and refused > 0  # both cases occur on this data
+
+
+def test_resume_position_same_world_size_is_unchanged(lens):
+    src, tgt = lens
+    assert resume_position(src, tgt, 1024, 3, 1, 17, 2, 2) == 17

@@ -30,3 +30,18 @@ def test_format_stats_before_prepare_says_what_to_run(prepared_toy, tmp_path):
     cfg = dataclasses.replace(prepared_toy, data=dataclasses.replace(prepared_toy.data, dir=str(tmp_path / "none")))
     with pytest.raises(PrepareError, match="tmt prepare"):
         format_stats(cfg)
+
+
+def test_format_stats_counts_what_training_skips(prepared_toy):
+    """Sentences longer than model.max_positions are skipped by training, so data-stats counts them too."""
+    import dataclasses
+
+    from transformer_mt.data.batching import too_long
+    from transformer_mt.data.dataset import ParallelDataset
+
+    cfg = dataclasses.replace(prepared_toy, model=dataclasses.replace(prepared_toy.model, max_positions=20))
+    d = cfg.data
+    ds = ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
+    expected = int(too_long(ds.src_lens, ds.tgt_lens, 20).sum())
+    assert expected > 0
+    assert f"{expected} sentences longer than 20 tokens" in format_stats(cfg)

@@ -5,19 +5,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from transformer_mt.config import Config
-from transformer_mt.data.dataset import Batch
-from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints, load_checkpoint
+from transformer_mt.data.batching import resume_position, too_long
+from transformer_mt.data.dataset import Batch, ParallelDataset
+from transformer_mt.train.checkpoint import (
+    BEST_NAME,
+    checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.trainer import (
     Stepper,
     TrainError,
     UpdateStats,
+    Window,
     accumulate_gradients,
     apply_gradients,
     resolve_precision,
@@ -68,7 +77,7 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
 @pytest.mark.slow
 def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp_path, capsys):
     """12 updates, crash, resume, 12 more == 24 straight (dropout on, update_freq 2, crossing an epoch)."""
-    common = dict(max_tokens=2048, update_freq=2, validate_every=6, save_every_updates=4, log_every=4, keep_last=0)
+    common = dict(max_tokens=2048, update_freq=2, validate_every=6, save_every_updates=4, log_every=4, keep_last=50)
     assert prepared_toy.model.dropout > 0
     straight = tmp_path / "straight"
     train_model(_cfg(prepared_toy, straight, max_updates=24, **common))
@@ -108,8 +117,107 @@ def test_wall_clock_limits(prepared_toy, tmp_path):
     result = train_model(_cfg(prepared_toy, tmp_path / "a", max_updates=50, max_minutes=1e-9, validate_every=100))
     assert result.update == 1 and result.stop_reason.startswith("max_minutes")
     run = tmp_path / "b"
-    train_model(_cfg(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=0, validate_every=100))
+    train_model(_cfg(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=50, validate_every=100))
     assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (1, 2, 3)]
+
+
+def _set_model(cfg: Config, **model) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
+
+
+def test_sentences_longer_than_max_positions_are_left_out_and_counted(prepared_toy, tmp_path, capsys):
+    """max_positions 40 is below the longest toy sentences (63 tokens): a whole epoch runs, they are counted."""
+    cfg = _set_model(
+        _cfg(prepared_toy, tmp_path / "run", max_tokens=2048, update_freq=5, max_updates=0), max_positions=40
+    )
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_epochs=1, validate_every=100))
+    d = cfg.data
+    expected = {}
+    for split in ("train", "valid"):
+        ds = ParallelDataset(d.dir, split, d.src_lang, d.tgt_lang)
+        expected[split] = (int(too_long(ds.src_lens, ds.tgt_lens, 40).sum()), len(ds))
+    assert all(0 < n < total for n, total in expected.values())  # some, not all, are too long
+    result = train_model(cfg)
+    assert result.stop_reason == "max_epochs=1" and math.isfinite(result.valid_loss)
+    assert (result.too_long_train, result.too_long_valid) == (expected["train"][0], expected["valid"][0])
+    (train_n, train_total), (valid_n, valid_total) = expected["train"], expected["valid"]
+    err = capsys.readouterr().err
+    assert (
+        f"left out as longer than 40 tokens (min of train.max_tokens 2048 and model.max_positions 40): "
+        f"{train_n:,} of {train_total:,} training and {valid_n} of {valid_total} validation sentences"
+    ) in err
+
+
+def _non_convertible(cfg: Config) -> tuple[int, int]:
+    """(world size, batches per rank) at which 1 process cannot continue the epoch exactly."""
+    d, tc = cfg.data, cfg.train
+    ds = ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
+    for world_size in (2, 3, 4, 5):
+        for consumed in range(1, 60):
+            if resume_position(ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, 1, consumed, world_size, 1) is None:
+                return world_size, consumed
+    raise AssertionError("every position converts")
+
+
+def test_resume_with_another_world_size_refuses_when_the_position_does_not_carry_over(prepared_toy, tmp_path):
+    """A checkpoint as N processes would write it, where 1 process's batch order differs: a clear error."""
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    path = run / checkpoint_name(1)
+    state = load_checkpoint(path)
+    world_size, state["batch_in_epoch"] = _non_convertible(prepared_toy)
+    state["rng"]["world_size"] = world_size
+    save_checkpoint(path, state)
+    pattern = rf"written by {world_size} processes.*skip or repeat.*--nproc-per-node {world_size}"
+    with pytest.raises(TrainError, match=pattern):
+        train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+
+
+def test_resume_with_another_world_size_converts_the_position_when_it_carries_over(prepared_toy, tmp_path, capsys):
+    """2 processes, 3 batches each, at a point where 1 process's batch order is the same: it continues at batch 6."""
+    d, tc = prepared_toy.data, prepared_toy.train
+    ds = ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
+    assert resume_position(ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, 1, 3, 2, 1) == 6
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    path = run / checkpoint_name(1)
+    state = load_checkpoint(path)
+    state["batch_in_epoch"], state["rng"]["world_size"] = 3, 2
+    save_checkpoint(path, state)
+    capsys.readouterr()
+    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+    assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 7
+    assert "written by 2 processes, this run has 1; dropout masks are reseeded" in capsys.readouterr().err
+
+
+def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(prepared_toy, tmp_path, capsys):
+    """No checkpoint to resume from: every update runs again, so old metric lines go; stderr is not a terminal here."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = [{"kind": "train", "update": u, "loss": 9.0} for u in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in stale) + '{"kind": "tr')
+    train_model(_cfg(prepared_toy, run, max_updates=2, log_every=1, validate_every=100))
+    assert [(m["kind"], m["update"]) for m in _metrics(run)] == [("train", 1), ("train", 2), ("valid", 2)]
+    err = capsys.readouterr().err
+    assert "train update 1/2 epoch 1: loss " in err and "train update 2/2 epoch 1: loss " in err
+    assert "\r" not in err  # no progress bar
+
+
+def test_progress_bar_on_a_terminal_and_no_log_lines(prepared_toy, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=2, log_every=1, validate_every=100))
+    err = capsys.readouterr().err
+    assert "train: " in err and "2/2" in err and "train update" not in err
+
+
+def test_window_adds_updates_and_resets():
+    w = Window()
+    w.add(UpdateStats(loss_sum=6.0, nll_sum=4.0, tokens=10, sentences=2, gnorm=1.5))
+    w.add(UpdateStats(loss_sum=3.0, nll_sum=2.0, tokens=5, sentences=1, gnorm=0.5))
+    assert (w.loss, w.nll, w.tokens, w.sentences, w.gnorm, w.updates) == (9.0, 6.0, 15, 3, 2.0, 2)
+    start = w.start
+    w.reset()
+    assert (w.loss, w.nll, w.tokens, w.sentences, w.gnorm, w.updates) == (0, 0, 0, 0, 0, 0) and w.start >= start
 
 
 def test_nonfinite_updates_stop_with_advice(prepared_toy, tmp_path):

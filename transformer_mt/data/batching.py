@@ -33,20 +33,29 @@ def ordered_indices(src_lens: np.ndarray, tgt_lens: np.ndarray, seed: int | Sequ
     return np.lexsort((noise, snake, tgt_lens)).astype(np.int64)
 
 
-def too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Boolean mask of sentences that do not fit a batch of ``max_tokens`` on their own."""
-    return (np.asarray(src_lens) > max_tokens) | (np.asarray(tgt_lens) > max_tokens)
+def too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int) -> np.ndarray:
+    """Boolean mask of sentences longer than ``max_len`` tokens on either side.
+
+    ``max_len`` is the longest allowed sentence, EOS/BOS included: usually
+    ``min(train.max_tokens, model.max_positions)``, i.e. a sentence must fit a
+    batch on its own and the model's position table.
+    """
+    return (np.asarray(src_lens) > max_len) | (np.asarray(tgt_lens) > max_len)
 
 
-def batch_by_size(indices: np.ndarray, src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+def batch_by_size(
+    indices: np.ndarray, src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, max_len: int | None = None
+) -> list[np.ndarray]:
     """Cut ``indices`` (in order) into consecutive batches whose padded size fits ``max_tokens``.
 
     A batch closes when adding the next sentence would make ``sentences x
     longest`` exceed ``max_tokens`` on the source or the target side.
-    Sentences longer than ``max_tokens`` are skipped; `too_long` counts them.
+    Sentences longer than ``min(max_tokens, max_len)`` tokens (``max_len``
+    None: ``max_tokens``) are skipped; ``too_long`` with that limit counts them.
     """
     indices = np.asarray(indices, dtype=np.int64)
-    keep = ~too_long(src_lens, tgt_lens, max_tokens)[indices]
+    limit = max_tokens if max_len is None else min(max_tokens, max_len)
+    keep = ~too_long(src_lens, tgt_lens, limit)[indices]
     indices = indices[keep]
     s_list = np.asarray(src_lens)[indices].tolist()
     t_list = np.asarray(tgt_lens)[indices].tolist()
@@ -102,12 +111,62 @@ def epoch_batches(
     epoch: int,
     rank: int = 0,
     world_size: int = 1,
+    max_len: int | None = None,
 ) -> list[np.ndarray]:
     """This rank's batches of sentence indices for one epoch (epochs count from 1).
 
     The length-sorting noise and the batch order both depend on ``(seed,
-    epoch)``, so each epoch sees different batches, reproducibly.
+    epoch)``, so each epoch sees different batches, reproducibly. Sentences
+    longer than ``min(max_tokens, max_len)`` are left out (see `batch_by_size`).
     """
+    return shard_batches(_shuffled(src_lens, tgt_lens, max_tokens, seed, epoch, max_len), rank, world_size)
+
+
+def _shuffled(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int, max_len: int | None
+) -> list[np.ndarray]:
+    """The whole world's batches of one epoch, in their shuffled order, before sharding."""
     order = ordered_indices(src_lens, tgt_lens, (seed, epoch))
-    batches = batch_by_size(order, src_lens, tgt_lens, max_tokens)
-    return shard_batches(shuffle_batches(batches, seed, epoch), rank, world_size)
+    return shuffle_batches(batch_by_size(order, src_lens, tgt_lens, max_tokens, max_len), seed, epoch)
+
+
+def resume_position(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    consumed: int,
+    old_world_size: int,
+    new_world_size: int,
+    max_len: int | None = None,
+) -> int | None:
+    """Per-rank position in ``epoch`` for ``new_world_size`` ranks after ``consumed`` per-rank batches of ``old``.
+
+    Rank r of W consumes ``padded[r::W]``, so after ``consumed`` batches per
+    rank the world has consumed exactly the first ``consumed x W`` batches of
+    the padded global order (`shard_batches` before slicing). That order
+    depends on W (which batches were split to make the count divisible), so
+    the position carries over exactly only when both world sizes share that
+    prefix and it divides evenly among the new ranks, or at an epoch's start
+    or end. Returns None when no exact position exists.
+    """
+    if old_world_size == new_world_size or consumed == 0:
+        return consumed
+    shuffled = _shuffled(src_lens, tgt_lens, max_tokens, seed, epoch, max_len)
+    old = _padded_order(shuffled, old_world_size)
+    new = _padded_order(shuffled, new_world_size)
+    done = consumed * old_world_size
+    if done >= len(old) or not any(len(b) for b in old[done:]):
+        return len(new) // new_world_size  # the epoch was finished (only empty fillers were left)
+    if done % new_world_size or done > len(new):
+        return None
+    if not all(np.array_equal(a, b) for a, b in zip(old[:done], new[:done], strict=True)):
+        return None
+    return done // new_world_size
+
+
+def _padded_order(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
+    """The global batch order `shard_batches` deals out to ``world_size`` ranks (``padded[r::world_size]``)."""
+    shards = [shard_batches(batches, r, world_size) for r in range(world_size)]
+    return [shard[i] for i in range(len(shards[0])) for shard in shards]

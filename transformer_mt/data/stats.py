@@ -58,12 +58,14 @@ def _batch_line(cfg: Config) -> str:
     ds = ParallelDataset(cfg.data.dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
     max_tokens = cfg.train.max_tokens
     order = ordered_indices(ds.src_lens, ds.tgt_lens, (cfg.train.seed, 1))
-    batches = batch_by_size(order, ds.src_lens, ds.tgt_lens, max_tokens)
+    max_len = min(max_tokens, cfg.model.max_positions)  # what training skips, see trainer.max_sentence_len
+    batches = batch_by_size(order, ds.src_lens, ds.tgt_lens, max_tokens, max_len)
     pad = padding_fraction(batches, ds.src_lens, ds.tgt_lens)
     sizes = np.array([len(b) for b in batches])
-    n_long = int(too_long(ds.src_lens, ds.tgt_lens, max_tokens).sum())
+    n_long = int(too_long(ds.src_lens, ds.tgt_lens, max_len).sum())
     return (
         f"  train batches at train.max_tokens={max_tokens}: {len(batches):,} per epoch, "
         f"{sizes.mean():.1f} sentences each on average; padding {pad['all']:.1%} of all positions "
-        f"({pad['src']:.1%} of source, {pad['tgt']:.1%} of target); {n_long} sentences longer than max_tokens skipped"
+        f"({pad['src']:.1%} of source, {pad['tgt']:.1%} of target); {n_long} sentences longer than {max_len} tokens "
+        "(min of train.max_tokens, model.max_positions) skipped"
     )

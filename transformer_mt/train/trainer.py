@@ -15,9 +15,7 @@ trajectory, bit for bit on CPU, as a run never stopped.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -32,8 +30,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from transformer_mt.config import Config, ConfigError, config_from_dict, save_config
-from transformer_mt.data.batching import batch_by_size, epoch_batches, ordered_indices, shard_batches
+from transformer_mt.config import Config, ConfigError, config_from_dict
+from transformer_mt.data.batching import (
+    batch_by_size,
+    epoch_batches,
+    ordered_indices,
+    resume_position,
+    shard_batches,
+    too_long,
+)
 from transformer_mt.data.bpe import BOS, EOS, PAD, load_bpe
 from transformer_mt.data.dataset import Batch, ParallelDataset, collate
 from transformer_mt.model.transformer import Transformer, count_parameters
@@ -45,8 +50,9 @@ from transformer_mt.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from transformer_mt.train.distributed import DistEnv, all_gather_object, all_reduce_sum, barrier, cleanup, setup
+from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt.train.run_files import RunFiles, dropout_seed, restore_rng, rng_state, write_config
 from transformer_mt.train.schedule import build_optimizer, lr_function, set_lr
 
 MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
@@ -62,7 +68,7 @@ class Progress:
 
     update: int = 0  # optimizer steps taken (skipped non-finite updates do not count)
     epoch: int = 1  # counted from 1
-    batch_in_epoch: int = 0  # batches of this epoch's (per-rank) batch order already consumed
+    batch_in_epoch: int = 0  # batches of this rank's share of the epoch already consumed (same on every rank)
     best_valid_loss: float = math.inf
     valid_loss: float | None = None  # label-smoothed loss per target token (nats) at the last validation
     valid_update: int = -1  # update of the last validation
@@ -80,6 +86,8 @@ class TrainResult:
     best_valid_loss: float
     save_dir: Path
     stop_reason: str
+    too_long_train: int = 0  # training sentences left out: longer than min(max_tokens, max_positions)
+    too_long_valid: int = 0  # validation sentences left out, same limit
 
 
 @dataclass
@@ -92,6 +100,31 @@ class UpdateStats:
     sentences: float = 0.0
     gnorm: float = 0.0
     stepped: bool = False
+
+
+@dataclass
+class Window:
+    """Sums over the updates since the last metric line (all ranks): what a `train` record averages."""
+
+    loss: float = 0.0  # label-smoothed loss, nats, summed over target tokens
+    nll: float = 0.0
+    tokens: float = 0.0  # target tokens
+    sentences: float = 0.0
+    gnorm: float = 0.0  # summed over updates
+    updates: int = 0
+    start: float = field(default_factory=time.monotonic)  # seconds, monotonic clock
+
+    def add(self, stats: UpdateStats) -> None:
+        self.loss += stats.loss_sum
+        self.nll += stats.nll_sum
+        self.tokens += stats.tokens
+        self.sentences += stats.sentences
+        self.gnorm += stats.gnorm
+        self.updates += 1
+
+    def reset(self) -> None:
+        self.loss = self.nll = self.tokens = self.sentences = self.gnorm = 0.0
+        self.updates, self.start = 0, time.monotonic()
 
 
 @dataclass
@@ -216,13 +249,20 @@ def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats
 # ---------------------------------------------------------------- validation
 
 
+def max_sentence_len(cfg: Config) -> int:
+    """Longest sentence (tokens, EOS/BOS included) trained or validated on: it must fit a batch and the model."""
+    return min(cfg.train.max_tokens, cfg.model.max_positions)
+
+
 @torch.no_grad()
 def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, precision: str) -> tuple[float, float]:
-    """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it."""
+    """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it.
+
+    Sentences longer than `max_sentence_len` are left out, as in training.
+    """
     indices = ordered_indices(ds.src_lens, ds.tgt_lens, cfg.train.seed)
-    batches = shard_batches(
-        batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens), env.rank, env.world_size
-    )
+    batches = batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens, max_sentence_len(cfg))
+    batches = shard_batches(batches, env.rank, env.world_size)
     was_training = module.training
     module.eval()
     loss_sum = nll_sum = tokens = 0.0
@@ -235,97 +275,11 @@ def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, 
     module.train(was_training)
     loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], env)
     if tokens == 0:
-        raise TrainError(f"the validation split in {cfg.data.dir} has no sentence shorter than train.max_tokens")
-    return loss_sum / tokens, nll_sum / tokens
-
-
-# ---------------------------------------------------------------- RNG, checkpoints, metrics
-
-
-def _dropout_seed(seed: int, rank: int) -> int:
-    """Each rank draws its own dropout masks; the stream is derived from the config seed."""
-    return seed * 1_000_003 + 7919 * (rank + 1)
-
-
-def rng_state(env: DistEnv) -> dict[str, Any]:
-    """Every rank's torch RNG states (CPU, and CUDA when used), gathered so that rank 0 can save them.
-
-    Batch order needs none: it is a pure function of (seed, epoch) via seeded numpy Generators.
-    """
-    local = {"cpu": torch.get_rng_state()}
-    if env.device.type == "cuda":
-        local["cuda"] = torch.cuda.get_rng_state(env.device)
-    states = all_gather_object(local, env)
-    out: dict[str, Any] = {"world_size": env.world_size, "torch_cpu": [s["cpu"] for s in states]}
-    if env.device.type == "cuda":
-        out["torch_cuda"] = [s["cuda"] for s in states]
-    return out
-
-
-def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> None:
-    """Restore this rank's RNG states; with a different world size the trajectory cannot be exact, so reseed."""
-    if rng.get("world_size") == env.world_size:
-        torch.set_rng_state(rng["torch_cpu"][env.rank])
-        if env.device.type == "cuda" and "torch_cuda" in rng:
-            torch.cuda.set_rng_state(rng["torch_cuda"][env.rank], env.device)
-        return
-    if env.is_main:
-        tqdm.write(
-            f"warning: the checkpoint was written by {rng.get('world_size')} processes, this run has "
-            f"{env.world_size}; dropout masks are reseeded, so the trajectory differs from an uninterrupted run",
-            file=sys.stderr,
+        raise TrainError(
+            f"the validation split in {cfg.data.dir} has no sentence of at most {max_sentence_len(cfg)} tokens "
+            "(min of train.max_tokens and model.max_positions); raise them or check the validation files"
         )
-    torch.manual_seed(_dropout_seed(seed, env.rank) + update)
-
-
-@dataclass
-class RunFiles:
-    """Rank 0's outputs in save_dir: metrics.jsonl, optional TensorBoard events."""
-
-    save_dir: Path
-    tensorboard: Any = None
-    _metrics: Any = field(default=None, repr=False)
-
-    @classmethod
-    def open(cls, save_dir: Path, resume_update: int | None) -> RunFiles:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        path = save_dir / "metrics.jsonl"
-        if resume_update is not None and path.is_file():
-            _truncate_metrics(path, resume_update)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tensorboard = SummaryWriter(str(save_dir / "tensorboard"))
-        except ImportError:  # optional: `pip install tensorboard` to get event files
-            tensorboard = None
-        return cls(save_dir, tensorboard, open(path, "a", encoding="utf-8"))
-
-    def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
-        if self.tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("update", "epoch"):
-                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["update"])
-
-    def close(self) -> None:
-        self._metrics.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-
-
-def _truncate_metrics(path: Path, update: int) -> None:
-    """Drop metric lines past the checkpoint being resumed from: they belong to a trajectory that is replayed."""
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("update", 0) <= update:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    return loss_sum / tokens, nll_sum / tokens
 
 
 # ---------------------------------------------------------------- the run
@@ -344,12 +298,17 @@ class Trainer:
         except (FileNotFoundError, ValueError) as err:  # the messages say which file and to run `tmt prepare`
             raise TrainError(str(err)) from None
         spm_path = self.data_dir / "spm.model"
+        self.max_len = max_sentence_len(cfg)
+        self.too_long = {
+            split: int(too_long(ds.src_lens, ds.tgt_lens, self.max_len).sum())
+            for split, ds in (("train", self.train_ds), ("valid", self.valid_ds))
+        }
         self.spm_bytes = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
         vocab_size = load_bpe(spm_path).get_piece_size()
         self.precision = resolve_precision(tc.precision, env.device)
         torch.manual_seed(tc.seed)  # identical initial weights on every rank
         self.module = Transformer(cfg.model, vocab_size, pad_id=PAD).to(env.device)
-        torch.manual_seed(_dropout_seed(tc.seed, env.rank))
+        torch.manual_seed(dropout_seed(tc.seed, env.rank))
         self.optimizer = build_optimizer(self.module.parameters(), tc)
         scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision == "fp16")
         model: nn.Module = torch.compile(self.module) if tc.compile else self.module
@@ -406,7 +365,8 @@ class Trainer:
         if state.get("scaler"):
             self.step.scaler.load_state_dict(state["scaler"])
         p = self.progress
-        p.update, p.epoch, p.batch_in_epoch = int(state["update"]), int(state["epoch"]), int(state["batch_in_epoch"])
+        p.update, p.epoch = int(state["update"]), int(state["epoch"])
+        p.batch_in_epoch = self._resume_position(path, int(state["batch_in_epoch"]), int(state["rng"]["world_size"]))
         p.best_valid_loss = float(state.get("best_valid_loss", math.inf))
         p.valid_loss = state.get("valid_loss")
         p.valid_update = int(state.get("valid_update", -1))
@@ -415,6 +375,22 @@ class Trainer:
         if self.env.is_main:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
+
+    def _resume_position(self, path: Path, batch_in_epoch: int, saved_world_size: int) -> int:
+        """This rank's position in the epoch's batches, when the checkpoint was written by another world size."""
+        ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
+        position = resume_position(
+            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
+            env.world_size, self.max_len,
+        )  # fmt: skip
+        if position is None:
+            raise TrainError(
+                f"{path} was written by {saved_world_size} processes, {batch_in_epoch} batches each into epoch "
+                f"{epoch}; with {env.world_size} processes the rest of this epoch's batches are dealt out differently, "
+                f"so training would skip or repeat sentences. Resume with {saved_world_size} processes "
+                f"(--nproc-per-node {saved_world_size}), or start a new train.save_dir"
+            )
+        return position
 
     def _announce(self, vocab_size: int) -> None:
         tc, env = self.cfg.train, self.env
@@ -426,10 +402,14 @@ class Trainer:
             f"= {tokens:,}",
             file=sys.stderr,
         )
-        save_dir = self.save_dir
-        tmp = save_dir / ".config.yaml.tmp"
-        save_config(self.cfg, tmp)
-        os.replace(tmp, save_dir / "config.yaml")
+        tqdm.write(
+            f"left out as longer than {self.max_len} tokens (min of train.max_tokens {tc.max_tokens} and "
+            f"model.max_positions {self.cfg.model.max_positions}): {self.too_long['train']:,} of "
+            f"{len(self.train_ds):,} training and {self.too_long['valid']:,} of {len(self.valid_ds):,} "
+            "validation sentences",
+            file=sys.stderr,
+        )
+        write_config(self.cfg, self.save_dir)
 
     # -- checkpoints
 
@@ -486,11 +466,13 @@ class Trainer:
     def _epoch_batches(self) -> list[np.ndarray]:
         ds, tc, env = self.train_ds, self.cfg.train, self.env
         batches = epoch_batches(
-            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, self.progress.epoch, env.rank, env.world_size
-        )
+            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, self.progress.epoch, env.rank, env.world_size,
+            self.max_len,
+        )  # fmt: skip
         if not batches:
             raise TrainError(
-                f"{self.data_dir}: no training batch: every sentence is longer than train.max_tokens={tc.max_tokens}; "
+                f"{self.data_dir}: no training batch: every sentence is longer than {self.max_len} tokens "
+                f"(min of train.max_tokens={tc.max_tokens} and model.max_positions={self.cfg.model.max_positions}); "
                 "raise train.max_tokens"
             )
         return batches
@@ -521,11 +503,14 @@ class Trainer:
         self.stop_reason = ""
         self._last_valid_nll: float | None = None
         self.step.model.train()
+        # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
+        # no bar there; _log_train prints a plain line every train.log_every updates instead.
+        self.log_lines = not sys.stderr.isatty()
         bar = tqdm(
-            total=tc.max_updates or None, initial=p.update, disable=not self.env.is_main, file=sys.stderr,
-            unit="upd", dynamic_ncols=True, desc="train",
+            total=tc.max_updates or None, initial=p.update, disable=not self.env.is_main or self.log_lines,
+            file=sys.stderr, unit="upd", dynamic_ncols=True, desc="train",
         )  # fmt: skip
-        window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "sentences": 0.0, "gnorm": 0.0, "n": 0, "t": time.monotonic()}
+        window = Window()
         if tc.max_updates > 0 and p.update >= tc.max_updates:
             self.stop_reason = f"max_updates={tc.max_updates}"
         else:
@@ -549,7 +534,7 @@ class Trainer:
         bar.close()
         return self._finish()
 
-    def _after_update(self, stats: UpdateStats, window: dict[str, float], bar: tqdm) -> None:
+    def _after_update(self, stats: UpdateStats, window: Window, bar: tqdm) -> None:
         """Count the update (or the skip), log, validate."""
         p, tc = self.progress, self.cfg.train
         if not stats.stepped:
@@ -557,45 +542,46 @@ class Trainer:
             return
         p.update += 1
         p.nonfinite_in_row = 0
-        window["loss"] += stats.loss_sum
-        window["nll"] += stats.nll_sum
-        window["tokens"] += stats.tokens
-        window["sentences"] += stats.sentences
-        window["gnorm"] += stats.gnorm
-        window["n"] += 1
+        window.add(stats)
         if self.env.is_main:
-            tokens = max(window["tokens"], 1.0)
-            seconds = max(time.monotonic() - window["t"], 1e-9)
+            tokens = max(window.tokens, 1.0)
+            seconds = max(time.monotonic() - window.start, 1e-9)
             bar.update(1)
             bar.set_postfix(
-                loss=f"{window['loss'] / tokens:.3f}", ppl=f"{perplexity(window['nll'] / tokens):.1f}",
-                lr=f"{self.lr_at(p.update):.2e}", tok_s=f"{window['tokens'] / seconds:,.0f}", refresh=False,
+                loss=f"{window.loss / tokens:.3f}", ppl=f"{perplexity(window.nll / tokens):.1f}",
+                lr=f"{self.lr_at(p.update):.2e}", tok_s=f"{window.tokens / seconds:,.0f}", refresh=False,
             )  # fmt: skip
             if p.update % tc.log_every == 0:
                 self._log_train(window, seconds)
         if p.update % tc.log_every == 0:
-            window.update(loss=0.0, nll=0.0, tokens=0.0, sentences=0.0, gnorm=0.0, n=0, t=time.monotonic())
+            window.reset()
         if tc.validate_every > 0 and p.update % tc.validate_every == 0:
             self._validate()
 
-    def _log_train(self, window: dict[str, float], seconds: float) -> None:
-        p, tokens = self.progress, max(window["tokens"], 1.0)
+    def _log_train(self, window: Window, seconds: float) -> None:
+        p, tokens, updates = self.progress, max(window.tokens, 1.0), max(window.updates, 1)
         assert self.files is not None
-        self.files.log(
-            {
-                "kind": "train",
-                "update": p.update,
-                "epoch": p.epoch,
-                "loss": window["loss"] / tokens,
-                "nll": window["nll"] / tokens,
-                "ppl": perplexity(window["nll"] / tokens),
-                "lr": self.lr_at(p.update),
-                "gnorm": window["gnorm"] / max(window["n"], 1),
-                "tgt_tokens_per_update": window["tokens"] / max(window["n"], 1),
-                "tgt_tokens_per_s": window["tokens"] / seconds,
-                "minutes": (time.monotonic() - self.start_time) / 60,
-            }
-        )
+        record = {
+            "kind": "train",
+            "update": p.update,
+            "epoch": p.epoch,
+            "loss": window.loss / tokens,
+            "nll": window.nll / tokens,
+            "ppl": perplexity(window.nll / tokens),
+            "lr": self.lr_at(p.update),
+            "gnorm": window.gnorm / updates,
+            "tgt_tokens_per_update": window.tokens / updates,
+            "tgt_tokens_per_s": window.tokens / seconds,
+            "minutes": (time.monotonic() - self.start_time) / 60,
+        }
+        self.files.log(record)
+        if self.log_lines:
+            total = f"/{self.cfg.train.max_updates}" if self.cfg.train.max_updates else ""
+            tqdm.write(
+                f"train update {p.update}{total} epoch {p.epoch}: loss {record['loss']:.4f} ppl {record['ppl']:.2f} "
+                f"lr {record['lr']:.2e} tgt tok/s {record['tgt_tokens_per_s']:,.0f} ({record['minutes']:.1f} min)",
+                file=sys.stderr,
+            )
 
     def _skipped(self, stats: UpdateStats) -> None:
         """A non-finite update: nothing was applied. fp16 overflows are the loss scaler's business."""
@@ -634,7 +620,10 @@ class Trainer:
                 file=sys.stderr,
             )
             self.files.close()
-        return TrainResult(p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason)
+        return TrainResult(
+            p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason,
+            self.too_long["train"], self.too_long["valid"],
+        )  # fmt: skip
 
 
 def train_model(cfg: Config) -> TrainResult:

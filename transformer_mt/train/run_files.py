@@ -1,0 +1,127 @@
+"""Rank 0's files in the run directory, and the RNG state a checkpoint carries.
+
+``save_dir`` holds ``config.yaml`` (the resolved config), ``metrics.jsonl``
+(one JSON object per line) and, when the ``tensorboard`` package is installed,
+TensorBoard event files. Metric lines always describe the trajectory that the
+newest checkpoint continues: lines past the checkpoint resumed from are
+dropped, and a run that starts from scratch starts an empty file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from transformer_mt.config import Config, save_config
+from transformer_mt.train.distributed import DistEnv, all_gather_object
+
+# ---------------------------------------------------------------- RNG
+
+
+def dropout_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own dropout masks; the stream is derived from the config seed."""
+    return seed * 1_000_003 + 7919 * (rank + 1)
+
+
+def rng_state(env: DistEnv) -> dict[str, Any]:
+    """Every rank's torch RNG states (CPU, and CUDA when used), gathered so that rank 0 can save them.
+
+    Batch order needs none: it is a pure function of (seed, epoch) via seeded
+    numpy Generators. ``world_size`` records how many processes wrote them.
+    """
+    local = {"cpu": torch.get_rng_state()}
+    if env.device.type == "cuda":
+        local["cuda"] = torch.cuda.get_rng_state(env.device)
+    states = all_gather_object(local, env)
+    out: dict[str, Any] = {"world_size": env.world_size, "torch_cpu": [s["cpu"] for s in states]}
+    if env.device.type == "cuda":
+        out["torch_cuda"] = [s["cuda"] for s in states]
+    return out
+
+
+def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> None:
+    """Restore this rank's RNG states; with a different world size the trajectory cannot be exact, so reseed."""
+    if rng.get("world_size") == env.world_size:
+        torch.set_rng_state(rng["torch_cpu"][env.rank])
+        if env.device.type == "cuda" and "torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng["torch_cuda"][env.rank], env.device)
+        return
+    if env.is_main:
+        tqdm.write(
+            f"warning: the checkpoint was written by {rng.get('world_size')} processes, this run has "
+            f"{env.world_size}; dropout masks are reseeded, so the trajectory differs from an uninterrupted run",
+            file=sys.stderr,
+        )
+    torch.manual_seed(dropout_seed(seed, env.rank) + update)
+
+
+# ---------------------------------------------------------------- run directory
+
+
+def write_config(cfg: Config, save_dir: Path) -> None:
+    """``save_dir/config.yaml``, written whole or not at all."""
+    tmp = save_dir / ".config.yaml.tmp"
+    save_config(cfg, tmp)
+    os.replace(tmp, save_dir / "config.yaml")
+
+
+@dataclass
+class RunFiles:
+    """Rank 0's outputs in save_dir: metrics.jsonl, optional TensorBoard events."""
+
+    save_dir: Path
+    tensorboard: Any = None
+    _metrics: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, save_dir: Path, resume_update: int | None) -> RunFiles:
+        """Open for appending after the lines up to ``resume_update``; ``None`` (a fresh start) empties the file."""
+        save_dir.mkdir(parents=True, exist_ok=True)
+        path = save_dir / "metrics.jsonl"
+        if path.is_file():
+            truncate_metrics(path, resume_update)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tensorboard = SummaryWriter(str(save_dir / "tensorboard"))
+        except ImportError:  # optional: `pip install tensorboard` to get event files
+            tensorboard = None
+        return cls(save_dir, tensorboard, open(path, "a", encoding="utf-8"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("update", "epoch"):
+                    self.tensorboard.add_scalar(f"{record['kind']}/{key}", value, record["update"])
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def truncate_metrics(path: Path, update: int | None) -> None:
+    """Drop metric lines past ``update`` (all of them when None): they belong to a trajectory that is replayed.
+
+    Without a checkpoint to resume from (a crash before the first save) every
+    update is run again, so nothing of the old file is kept.
+    """
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines() if update is not None else []:
+        try:
+            if json.loads(line).get("update", 0) <= update:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
