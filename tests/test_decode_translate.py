@@ -8,7 +8,6 @@ is caught by comparing the batched result with one-at-a-time translation.
 from __future__ import annotations
 
 import dataclasses
-import io
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,10 @@ from transformer_mt.decode.translate import (
     TranslateError,
     Translator,
     batches_by_tokens,
-    read_text_lines,
+    read_input_lines,
 )
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.train.checkpoint import save_checkpoint
+from transformer_mt.train.checkpoint import load_checkpoint, save_checkpoint
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -146,30 +145,76 @@ def test_averaging_on_the_fly(ckpts: list[Path], toy_cfg: Config, tmp_path: Path
     state = averaged.model.state_dict()
     for key in a:
         assert torch.allclose(state[key], (a[key].double() + b[key].double()).div(2).float(), atol=1e-7), key
-    assert averaged.decode_cfg.beam_size == 2  # the flag overrides the checkpoint's decode section
-    assert averaged.decode_cfg.len_penalty == toy_cfg.decode.len_penalty
+    assert averaged.cfg.decode.beam_size == 2  # the flag overrides the checkpoint's decode section
+    assert averaged.cfg.decode.len_penalty == toy_cfg.decode.len_penalty
 
 
-def test_different_models_cannot_be_averaged(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
-    other = dataclasses.replace(toy_cfg, model=dataclasses.replace(toy_cfg.model, d_ff=32))
-    write_checkpoint(other, tmp_path / "other.pt", 3)
-    with pytest.raises(TranslateError, match="only checkpoints of the same model"):
-        Translator.from_checkpoints([ckpts[0], tmp_path / "other.pt"], device="cpu")
+def test_averaging_on_the_fly_equals_tmt_average(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
+    # The newest input (b.pt, update 1) holds a different decode section: both paths must take it, not the first's.
+    newer = dataclasses.replace(toy_cfg, decode=dataclasses.replace(toy_cfg.decode, beam_size=2, len_penalty=1.0))
+    write_checkpoint(newer, tmp_path / "b.pt", seed=1)
+    inputs = [ckpts[0], tmp_path / "b.pt"]
+    result = CliRunner().invoke(app, ["average", "--inputs", str(inputs[0]), "--inputs", str(inputs[1]),
+                                      "-o", str(tmp_path / "avg.pt")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written = load_checkpoint(tmp_path / "avg.pt")
+    on_the_fly = Translator.from_checkpoints(inputs, device="cpu")
+    from_file = Translator.from_checkpoints([tmp_path / "avg.pt"], device="cpu")
+    fly, saved = on_the_fly.model.state_dict(), from_file.model.state_dict()
+    assert fly.keys() == saved.keys() == written["model"].keys()
+    assert all(torch.equal(fly[k], saved[k]) for k in fly)
+    assert on_the_fly.cfg == from_file.cfg and on_the_fly.cfg.decode.beam_size == 2
+    assert written["config"] == newer.to_dict()
+    on_the_fly.show_progress = from_file.show_progress = False
+    lines = ["a short test .", "another line ."]
+    assert on_the_fly.translate_lines(lines) == from_file.translate_lines(lines)
 
 
-def test_checkpoint_without_bpe_model(toy_cfg: Config, tmp_path: Path) -> None:
-    write_checkpoint(toy_cfg, tmp_path / "bare.pt", 0, with_spm=False)
-    with pytest.raises(TranslateError, match=r"bare\.pt: the checkpoint holds no BPE model.*tmt average"):
-        Translator.from_checkpoints([tmp_path / "bare.pt"], device="cpu")
-    result = CliRunner().invoke(app, ["translate", "-c", str(tmp_path / "bare.pt")], input=b"hello\n")
-    assert result.exit_code == 2 and "tmt average" in result.output
+def test_averaging_rejects_different_bpe_models(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
+    state = torch.load(ckpts[1], weights_only=True)
+    state["spm_model"] = state["spm_model"][:-1]
+    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    with pytest.raises(TranslateError, match=r"other_bpe\.pt: a different BPE model"):
+        Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu")
+
+
+def test_set_overrides_decode_and_max_positions(ckpts: list[Path]) -> None:
+    t = Translator.from_checkpoints(
+        ckpts[:1], device="cpu", beam=2,
+        overrides=["decode.max_len_b=7", "decode.len_penalty_form=fairseq", "model.max_positions=2048"],
+    )  # fmt: skip
+    assert (t.cfg.decode.max_len_b, t.cfg.decode.len_penalty_form, t.cfg.decode.beam_size) == (7, "fairseq", 2)
+    assert t.cfg.model.max_positions == t.model.positions.max_positions == 2048
+    assert t.model.positions.table.shape[0] == 2048
+    with pytest.raises(TranslateError, match=r"--set model.d_model=8: a trained checkpoint only takes decode\.\*"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["model.d_model=8"])
+    with pytest.raises(TranslateError, match="unknown key 'decode.beam'"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.beam=8"])
+    with pytest.raises(TranslateError, match="decode.nbest"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.nbest=0"])
+
+
+def test_set_cannot_grow_learned_positions(toy_cfg: Config, tmp_path: Path) -> None:
+    learned = dataclasses.replace(toy_cfg, model=dataclasses.replace(toy_cfg.model, positions="learned"))
+    write_checkpoint(learned, tmp_path / "learned.pt", 0)
+    with pytest.raises(TranslateError, match="learned positions"):
+        Translator.from_checkpoints([tmp_path / "learned.pt"], device="cpu", overrides=["model.max_positions=4096"])
+
+
+def test_cli_set(ckpts: list[Path], test_lines: list[str]) -> None:
+    args = ["translate", "-c", str(ckpts[0]), "--beam", "1", "--set", "model.max_positions=4"]
+    result = CliRunner().invoke(app, args, input=f"{test_lines[0]}\n".encode())
+    assert result.exit_code == 0, result.output
+    assert "max_positions (4)" in result.output and "first 3 tokens" in result.output  # the override was applied
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "--set", "train.lr=1"], input=b"a\n")
+    assert result.exit_code == 2 and "only takes decode.* keys" in result.output
 
 
 def test_invalid_utf8_names_the_line(ckpts: list[Path], tmp_path: Path) -> None:
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"fine\nalso fine\ncaf\xe9 latin1\n")
     with pytest.raises(TranslateError, match=r"bad\.en, line 3: not valid UTF-8 \(byte 0xe9 at column 4\)"):
-        read_text_lines(io.BytesIO(bad.read_bytes()), str(bad))
+        read_input_lines(bad)
     out = tmp_path / "out.de"
     result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "-i", str(bad), "-o", str(out)])
     assert result.exit_code == 2 and "line 3" in result.output

@@ -23,6 +23,7 @@ from transformer_mt.evaluate import (
     fetch_testset,
     format_scores,
     moses_tokenize,
+    read_lines,
     score_files,
 )
 
@@ -250,3 +251,29 @@ def test_evaluate_errors(toy_ckpt: Path, tmp_path: Path) -> None:
     a, b = write(tmp_path / "a.en", ["one", "two"]), write(tmp_path / "b.de", ["eins"])
     with pytest.raises(EvaluateError, match=r"a\.en has 2 lines but .*b\.de has 1"):
         evaluate_checkpoint([toy_ckpt], src=a, ref=b)
+
+
+def test_evaluate_set_changes_decoding(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path) -> None:
+    lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:2]
+    refs = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:2]
+    src, ref = write(tmp_path / "nt.en", lines), write(tmp_path / "nt.de", refs)
+    args = ["evaluate", "-c", str(toy_ckpt), "--src", str(src), "--ref", str(ref), "-o", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*args, "--beam", "1", "--set", "decode.max_len_b=1", "-s", "decode.max_len_a=0"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "o" / "scores.json").read_text())
+    assert (saved["decode"]["max_len_a"], saved["decode"]["max_len_b"]) == (0.0, 1)
+    hyps = (tmp_path / "o" / "hyp.de").read_text(encoding="utf-8").splitlines()
+    assert all(len(h.split()) <= 1 for h in hyps)  # at most one BPE token (and EOS) per sentence
+    result = CliRunner().invoke(app, [*args, "--set", "data.tgt_lang=fr"])
+    assert result.exit_code == 2 and "only takes decode.* keys and model.max_positions" in result.output
+
+
+def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
+    path = tmp_path / "ref.de"
+    path.write_bytes("a\u2028b\x1cc\x1dd\x1ee\x85f\r\nzwei\n\ndrei".encode())
+    assert read_lines(path, "reference") == ["a\u2028b\x1cc\x1dd\x1ee\x85f", "zwei", "", "drei"]
+    path.write_bytes(b"eins\r\nzwei\n\xff\n")
+    with pytest.raises(EvaluateError, match=r"ref\.de, line 3: not valid UTF-8 \(byte 0xff at column 1\)"):
+        read_lines(path, "reference")
+    with pytest.raises(EvaluateError, match=r"missing\.de: cannot read the reference file"):
+        read_lines(tmp_path / "missing.de", "reference")

@@ -277,6 +277,50 @@ def test_cache_without_source_padding_needs_no_mask() -> None:
         torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt), atol=1e-5, rtol=0)
 
 
+def test_reorder_before_the_first_decode_records_the_rows() -> None:
+    model = make_model()
+    beam = 2
+    src = tokens([6, 4], seed=1).repeat_interleave(beam, dim=0)
+    tgt = tokens([5] * 4, seed=2)
+    index = torch.tensor([1, 0, 3, 2])  # swap the beams of each sentence: exact without the cross state
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        assert cache.reorder(index, cross=False) is cache
+        assert torch.equal(cache.rows, index)
+        with pytest.raises(ValueError, match="3 target rows.*reordered to 4 rows"):
+            model.decode(tgt[:3, :1], enc, cache)
+        steps = [model.decode(tgt[:, t : t + 1], enc, cache) for t in range(5)]
+        assert cache.rows is None  # applied by the first decode
+    torch.testing.assert_close(torch.cat(steps, 1), model(src[index], tgt), atol=1e-5, rtol=0)
+
+
+def masks_seen(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> tuple[object, object]:
+    """The mask the first encoder layer and the first decoder layer's cross-attention got in a forward pass."""
+    seen: list[object] = []
+    hooks = [
+        model.encoder[0].register_forward_pre_hook(lambda m, args: seen.append(args[1])),
+        model.decoder[0].register_forward_pre_hook(lambda m, args: seen.append(args[3])),
+    ]
+    with torch.no_grad():
+        model(src, tgt)
+    for h in hooks:
+        h.remove()
+    return seen[0], seen[1]
+
+
+def test_no_padding_passes_no_mask_so_flash_attention_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make_model()
+    tgt = tokens([4, 4], seed=2)
+    assert masks_seen(model, tokens([5, 5], seed=1), tgt) == (None, None)
+    enc_mask, cross_mask = masks_seen(model, tokens([5, 3], seed=1), tgt)
+    assert enc_mask.tolist() == cross_mask.tolist() == [[[[True] * 5]], [[[True] * 3 + [False] * 2]]]
+    # Under torch.compile the mask is always passed: a data-dependent branch would break the graph.
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    enc_mask, cross_mask = masks_seen(model, tokens([5, 5], seed=1), tgt)
+    assert enc_mask is not None and bool(enc_mask.all()) and cross_mask is not None
+
+
 # ---------------------------------------------------------------- parameters, variants, errors
 
 
@@ -447,3 +491,18 @@ def test_gpu_matches_cpu_and_cached_decoding_under_bf16() -> None:
             steps = torch.cat([gpu.decode(tgt[:, t : t + 1], enc, cache).float() for t in range(8)], dim=1)
     torch.testing.assert_close(steps, full, atol=0.1, rtol=0.05)
     assert (steps.argmax(-1) == full.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_flash_attention_runs_on_a_batch_without_padding() -> None:
+    """CUDA's flash kernel takes no explicit mask: it only runs because an unpadded batch passes None."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = make_model().cuda()
+    src, tgt = tokens([7, 7, 7], seed=1).cuda(), tokens([8, 8, 8], seed=2).cuda()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = model(src, tgt).float()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = model(src, tgt).float()
+    torch.testing.assert_close(flash, expected, atol=0.05, rtol=0.05)

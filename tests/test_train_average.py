@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
-from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
+from transformer_mt.train.average import AverageError, average_checkpoints, average_states, last_checkpoints
 from transformer_mt.train.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 
 
@@ -35,10 +35,7 @@ def _model(seed, dtype=torch.float32):
 
 def test_mean_of_parameters(tmp_path):
     models = [_model(s) for s in (1, 2, 3)]
-    paths = [
-        _ckpt(tmp_path / checkpoint_name(u), u, m, spm=f"spm{u}".encode())
-        for u, m in zip((30, 10, 20), models, strict=True)
-    ]
+    paths = [_ckpt(tmp_path / checkpoint_name(u), u, m) for u, m in zip((30, 10, 20), models, strict=True)]
     out = tmp_path / "average.pt"
     average_checkpoints(paths, out)
     avg = load_checkpoint(out)
@@ -49,7 +46,35 @@ def test_mean_of_parameters(tmp_path):
     assert torch.equal(avg["model"]["steps"], models[0]["steps"])
     # metadata of the newest input (highest update), whatever the order given
     assert avg["update"] == 30 and avg["config"] == {"train": {"seed": 30}}
-    assert bytes(avg["spm_model"].tolist()) == b"spm30"
+    assert bytes(avg["spm_model"].tolist()) == b"spm"
+    assert "optimizer" not in avg
+
+
+def test_average_states_is_what_average_checkpoints_writes(tmp_path):
+    paths = [_ckpt(tmp_path / f"{u}.pt", u, _model(u)) for u in (2, 1)]
+    state = average_states(paths)
+    assert not list(tmp_path.glob("avg*"))  # nothing written
+    average_checkpoints(paths, tmp_path / "avg.pt")
+    saved = load_checkpoint(tmp_path / "avg.pt")
+    assert saved.keys() == state.keys()
+    assert all(torch.equal(saved["model"][k], state["model"][k]) for k in state["model"])
+    assert saved["update"] == state["update"] == 2 and saved["config"] == state["config"]
+
+
+def test_rejects_different_bpe_models(tmp_path):
+    a = _ckpt(tmp_path / "a.pt", 1, _model(1), spm=b"one")
+    b = _ckpt(tmp_path / "b.pt", 2, _model(2), spm=b"two")
+    with pytest.raises(AverageError, match=r"b\.pt: a different BPE model \(spm_model\) than .*a\.pt"):
+        average_checkpoints([a, b], tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_rejects_different_integer_buffers(tmp_path):
+    other = _model(2)
+    other["steps"] = torch.tensor([4])
+    a, b = _ckpt(tmp_path / "a.pt", 1, _model(1)), _ckpt(tmp_path / "b.pt", 2, other)
+    with pytest.raises(AverageError, match=r"b\.pt: integer buffer 'steps' differs"):
+        average_states([a, b])
 
 
 def test_bf16_is_cast_back_after_float64_accumulation(tmp_path):
@@ -122,3 +147,15 @@ def test_cli_average(tmp_path):
     assert len(load_checkpoint(out)["averaged_from"]) == 3
     result = CliRunner().invoke(app, ["average", str(tmp_path / "missing")])
     assert result.exit_code != 0 and "no such run directory" in result.output
+
+
+def test_cli_average_inputs_without_run_dir_writes_to_the_working_directory(tmp_path, monkeypatch):
+    a, b = (_ckpt(tmp_path / checkpoint_name(u), u, _model(u)) for u in (10, 20))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, ["average", "--inputs", str(a), "--inputs", str(b)])
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(work / "average.pt")["update"] == 20
+    help_text = CliRunner().invoke(app, ["average", "--help"]).output
+    assert "./average.pt" in " ".join(help_text.split())  # the help says so

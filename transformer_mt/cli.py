@@ -174,7 +174,12 @@ def average(
         list[Path] | None, typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Output file (default RUN_DIR/average.pt).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output file (default: RUN_DIR/average.pt; ./average.pt with --inputs and no RUN_DIR).",
+        ),
     ] = None,
 ) -> None:
     """Average the parameters of several checkpoints (the paper: base last 5, big last 20).
@@ -208,7 +213,7 @@ def translate(
             "--checkpoint",
             "-c",
             help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several on the fly "
-            "(parameter averaging, as `tmt average` does).",
+            "(the model `tmt average` would write, with the newest input's config and BPE model).",
         ),
     ],
     input: Annotated[
@@ -234,6 +239,15 @@ def translate(
     device: Annotated[
         str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            help="Change the checkpoint's config before the model is built: decode.* keys or model.max_positions "
+            "(sinusoidal positions only), e.g. --set decode.max_len_b=100 (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -251,8 +265,9 @@ def translate(
 
     try:
         translate_file(
-            checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, device=device
-        )
+            checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
+            device=device, overrides=set_ or [],
+        )  # fmt: skip
     except TranslateError as err:
         raise fail(str(err)) from None
 
@@ -273,6 +288,15 @@ def evaluate(
     beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4).")] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            help="Change the checkpoint's config before translating: decode.* keys or model.max_positions "
+            "(sinusoidal positions only), e.g. --set decode.len_penalty_form=fairseq (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
 
@@ -287,8 +311,9 @@ def evaluate(
 
     try:
         evaluate_checkpoint(
-            checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device
-        )
+            checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
+            overrides=set_ or [],
+        )  # fmt: skip
     except EvaluateError as err:
         raise fail(str(err)) from None
 

@@ -24,9 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Test sets by their WMT name, and the sacreBLEU test set that holds them.
-# newstest2014 is the full 3003-sentence set (sacreBLEU's "wmt14/full"), the one
-# tensor2tensor evaluated; sacreBLEU's "wmt14" is the 2737-sentence filtered subset.
+from transformer_mt.data.clean import InputError
+from transformer_mt.data.clean import read_lines as _read_utf8_lines
+
+# Test sets by their WMT name, and the sacreBLEU test set that holds them; `tmt download`
+# writes the first two. newstest2014 is the full 3003-sentence set (sacreBLEU's "wmt14/full",
+# statmt's test-full.tgz), the one tensor2tensor evaluated; "wmt14" is the filtered 2737-line subset.
 TESTSETS = {
     "newstest2013": "wmt13",
     "newstest2014": "wmt14/full",
@@ -83,14 +86,11 @@ def bleu_details(score: Any) -> dict[str, Any]:
 
 def read_lines(path: Path, role: str) -> list[str]:
     """Lines of a UTF-8 file, split on '\\n' only; a bad byte is an error naming the file and line."""
-    from transformer_mt.decode.translate import TranslateError, read_text_lines
-
     try:
-        with open(path, "rb") as f:
-            return read_text_lines(f, str(path))
+        return list(_read_utf8_lines(path))
     except OSError as err:
         raise EvaluateError(f"{path}: cannot read the {role} file ({err.strerror})") from None
-    except TranslateError as err:
+    except InputError as err:
         raise EvaluateError(str(err)) from None
 
 
@@ -150,8 +150,12 @@ def check_testset_name(name: str) -> None:
         )
 
 
-def fetch_testset(name: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
-    """Source and reference files of a named test set, through sacreBLEU's downloader and cache ($SACREBLEU)."""
+def fetch_testset(name: str, src_lang: str, tgt_lang: str, offline_hint: str | None = None) -> tuple[Path, Path]:
+    """Source and reference files of a named test set, through sacreBLEU's downloader and cache ($SACREBLEU).
+
+    ``offline_hint`` replaces the advice given when the download fails (the
+    default says how to pass local files to `tmt evaluate`).
+    """
     check_testset_name(name)
     from sacrebleu.dataset import DATASETS
     from sacrebleu.utils import SACREBLEU_DIR
@@ -163,17 +167,18 @@ def fetch_testset(name: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
         src = dataset.get_source_file(pair)
         refs = dataset.get_reference_files(pair)
     except (Exception, SystemExit) as err:  # no network, a broken download, a failed checksum (sacreBLEU exits)
+        hint = offline_hint or (
+            f"without network, pass local files: tmt evaluate {name} -c CKPT --src FILE.{src_lang} "
+            f"--ref FILE.{tgt_lang}, or fill the sacreBLEU cache ({SACREBLEU_DIR}, set by the SACREBLEU variable) "
+            "on a machine with network"
+        )
         raise EvaluateError(
-            f"could not get {name} ({pair}) through sacreBLEU ({type(err).__name__}: {err}); without network, pass "
-            f"local files: tmt evaluate {name} -c CKPT --src FILE.{src_lang} --ref FILE.{tgt_lang}, or fill the "
-            f"sacreBLEU cache ({SACREBLEU_DIR}, set by the SACREBLEU variable) on a machine with network"
+            f"could not get {name} ({pair}) through sacreBLEU ({type(err).__name__}: {err}); {hint}"
         ) from None
     return Path(src), Path(refs[0])
 
 
 def _inputs(testset: str | None, src: Path | None, ref: Path | None, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
-    if (src is None) != (ref is None):
-        raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if src is not None and ref is not None:
         return src, ref
     if testset is None:
@@ -190,11 +195,14 @@ def evaluate_checkpoint(
     beam: int | None = None,
     lenpen: float | None = None,
     device: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
     ``output`` defaults to ``eval_<name>`` beside the first checkpoint. With
     ``--src``/``--ref`` a test set name, if given, only labels the results.
+    ``overrides`` are ``--set`` texts for the checkpoint's config (see
+    `transformer_mt.decode.translate.override_config`).
     """
     from transformer_mt.decode.translate import TranslateError, Translator, write_lines_atomic
 
@@ -203,7 +211,9 @@ def evaluate_checkpoint(
     if testset is not None and src is None:
         check_testset_name(testset)  # before loading any model
     try:
-        translator = Translator.from_checkpoints(checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=1)
+        translator = Translator.from_checkpoints(
+            checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
+        )
     except TranslateError as err:
         raise EvaluateError(str(err)) from None
     data = translator.cfg.data
@@ -217,7 +227,7 @@ def evaluate_checkpoint(
     out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     write_lines_atomic(hyp_path, translator.translate_lines(sources))
-    d = translator.decode_cfg
+    d = translator.cfg.decode
     scores = {
         "testset": name,
         "src": str(src_path),

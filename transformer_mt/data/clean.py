@@ -7,10 +7,12 @@ input, so that BPE sees the same characters everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 # Control characters (Unicode category Cc) that are not whitespace, and invisible format characters
 # (zero-width spaces and joiners, word joiner, byte order mark, soft hyphen) that only break tokens apart.
@@ -53,13 +55,15 @@ class InputError(ValueError):
     """An input file that cannot be read as UTF-8 text; the message names file and line."""
 
 
-def read_lines(path: Path) -> Iterator[str]:
-    """Yield the lines of ``path`` without line ends, decoded as strict UTF-8.
+def read_lines(path: str | Path, stream: BinaryIO | None = None) -> Iterator[str]:
+    """Yield the lines of ``path`` (or of the byte ``stream``, called ``path`` in errors), decoded as strict UTF-8.
 
-    Decoding line by line gives the 1-based line number of a bad byte, which a
-    whole-file decoder cannot.
+    Lines end at b"\\n" only, never at the Unicode separators (U+2028,
+    U+0085, \\x1c-\\x1e ...) that ``str.splitlines`` also splits on; the line
+    end, CRLF included, is stripped. Decoding line by line gives the 1-based
+    line number of a bad byte, which a whole-file decoder cannot.
     """
-    with open(path, "rb") as f:
+    with open(path, "rb") if stream is None else contextlib.nullcontext(stream) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -67,6 +71,6 @@ def read_lines(path: Path) -> Iterator[str]:
                 raise InputError(
                     f"{path}, line {number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
                     "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove the line "
-                    "from both sides"
+                    "(from both sides of a parallel corpus)"
                 ) from None
             yield line.rstrip("\r\n")

@@ -45,12 +45,14 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
+from transformer_mt.evaluate import TESTSETS, EvaluateError, fetch_testset
+
 PAIRS = {"en-de": ("en", "de"), "en-fr": ("en", "fr")}
 SOURCES = ("hf", "statmt")
 HF_HUB_PATH = "wmt/wmt14"
-# Output prefix -> sacreBLEU test set. "wmt14/full" is the 3003-line newstest2014 (statmt's
-# test-full.tgz); sacreBLEU's plain "wmt14" is the filtered release (2737 lines for en-de).
-TESTSETS = {"newstest2013": "wmt13", "newstest2014": "wmt14/full"}
+# The dev and test sets written next to train.*, by their names in `transformer_mt.evaluate.TESTSETS`
+# (which maps each to its sacreBLEU set: newstest2014 is "wmt14/full", the 3003-line full set).
+DOWNLOADED_TESTSETS = ("newstest2013", "newstest2014")
 MARKER_DIR = ".complete"
 _CHUNK = 1 << 20  # bytes per read/write when copying and downloading
 _FLUSH_LINES = 10_000  # lines buffered before a write
@@ -97,8 +99,8 @@ def download_wmt14(
     out.mkdir(parents=True, exist_ok=True)
     if from_dir is not None:
         rows = _train_from_dir(Path(from_dir), out, langs, train_from)
-        missing = [name for name in TESTSETS if not _has_pair(Path(from_dir), name, langs)]
-        rows += _copy_dir_testsets(Path(from_dir), out, langs, [n for n in TESTSETS if n not in missing])
+        missing = [name for name in DOWNLOADED_TESTSETS if not _has_pair(Path(from_dir), name, langs)]
+        rows += _copy_dir_testsets(Path(from_dir), out, langs, [n for n in DOWNLOADED_TESTSETS if n not in missing])
         return rows + fetch_testsets(pair, out, names=missing)
     if source == "hf":
         rows = download_hf(pair, out)
@@ -214,7 +216,7 @@ def _open_text_bytes(path: Path) -> BinaryIO:
 # dev and test sets (sacreBLEU)
 
 
-def fetch_testsets(pair: str, out: Path, names: Iterable[str] = tuple(TESTSETS)) -> list[SummaryRow]:
+def fetch_testsets(pair: str, out: Path, names: Iterable[str] = DOWNLOADED_TESTSETS) -> list[SummaryRow]:
     """Write OUT/newstest2013.* and OUT/newstest2014.* as sacreBLEU has them (downloaded into its cache)."""
     langs = _check_pair(pair)
     rows = []
@@ -223,22 +225,16 @@ def fetch_testsets(pair: str, out: Path, names: Iterable[str] = tuple(TESTSETS))
         if is_complete(out, name, langs, label):
             rows.append(_skipped_row(out, name, langs, label))
             continue
-        src_path, ref_path = _sacrebleu_files(TESTSETS[name], pair)
+        try:
+            src_path, ref_path = fetch_testset(name, *langs, offline_hint=offline_hint(pair))
+        except EvaluateError as err:
+            raise DownloadError(str(err)) from None
         writer = ParallelWriter(out, name, langs, label, keep_empty=True)
         with writer:
             for src, ref in read_parallel(src_path, ref_path):
                 writer.add(src, ref)
         rows.append(writer.summary())
     return rows
-
-
-def _sacrebleu_files(test_set: str, pair: str) -> tuple[Path, Path]:
-    from sacrebleu.utils import get_reference_files, get_source_file
-
-    try:
-        return Path(get_source_file(test_set, pair)), Path(get_reference_files(test_set, pair)[0])
-    except (Exception, SystemExit) as err:  # sacreBLEU exits on some download failures
-        raise DownloadError(f"sacreBLEU could not fetch {test_set} {pair}: {err!r}\n{offline_hint(pair)}") from None
 
 
 def offline_hint(pair: str) -> str:

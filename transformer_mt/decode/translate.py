@@ -18,15 +18,15 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from transformer_mt.config import Config, ConfigError, DecodeConfig, config_from_dict
+from transformer_mt.config import Config, ConfigError, DecodeConfig, _apply, config_from_dict, parse_override, validate
 from transformer_mt.data.bpe import EOS, PAD, load_bpe_bytes
-from transformer_mt.data.clean import normalize
+from transformer_mt.data.clean import InputError, normalize, read_lines
 from transformer_mt.decode.search import beam_search
 from transformer_mt.model.transformer import Transformer
 
@@ -48,49 +48,49 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load(path: Path) -> dict[str, Any]:
-    from transformer_mt.train.checkpoint import CheckpointError, load_checkpoint
+def load_state(paths: Sequence[Path]) -> dict[str, Any]:
+    """The checkpoint of ``paths``, averaged by `average_states` when there are several (what `tmt average` writes).
+
+    Config and BPE model come from the newest input (highest update).
+    """
+    from transformer_mt.train.average import AverageError, average_states
 
     try:
-        state = load_checkpoint(path)
-    except CheckpointError as err:
+        state = average_states(paths)
+    except AverageError as err:
         raise TranslateError(str(err)) from None
     for key, why in (("config", "config"), ("spm_model", "BPE model (spm_model)")):
         if key not in state:
             raise TranslateError(
-                f"{path}: the checkpoint holds no {why}, so it cannot translate raw text; it was not written by "
-                "`tmt train`: use a checkpoint from `tmt train` or the output of `tmt average`"
+                f"{', '.join(map(str, paths))}: the checkpoint holds no {why}, so it cannot translate raw text; it "
+                "was not written by `tmt train`: use a checkpoint from `tmt train` or the output of `tmt average`"
             )
     return state
 
 
-def load_averaged(paths: Sequence[Path]) -> dict[str, Any]:
-    """The first checkpoint with its ``model`` replaced by the mean over all ``paths``, like `tmt average`.
+def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
+    """``cfg`` with ``--set section.key=value`` overrides applied: only ``decode.*`` and ``model.max_positions``.
 
-    Parameters are summed in float64, one checkpoint in memory at a time; all
-    must have the same parameter names and shapes and the same BPE model.
+    Every other key is fixed by the trained weights or the data they were
+    trained on. Sinusoidal positions are computed, not stored, so a trained
+    model accepts any ``max_positions``; learned positions cannot change.
     """
-    first = _load(paths[0])
-    if len(paths) == 1:
-        return first
-    ref = first["model"]
-    total = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in ref.items()}
-    for path in paths[1:]:
-        state = _load(path)
-        model = state["model"]
-        if set(model) != set(ref) or any(model[k].shape != ref[k].shape for k in ref):
-            raise TranslateError(
-                f"{path}: different parameters than {paths[0]}; only checkpoints of the same model can be averaged"
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section != "decode" and f"{section}.{key}" != "model.max_positions":
+            raise ConfigError(
+                f"--set {text}: a trained checkpoint only takes decode.* keys and model.max_positions; "
+                "the other keys are fixed by its weights"
             )
-        if not torch.equal(state["spm_model"], first["spm_model"]):
-            raise TranslateError(f"{path}: a different BPE model than {paths[0]}; average checkpoints of one run only")
-        for key, value in model.items():
-            if value.is_floating_point():
-                total[key] += value.to(torch.float64)
-        del state, model
-    n = len(paths)
-    first["model"] = {k: (v / n).to(ref[k].dtype) if ref[k].is_floating_point() else v for k, v in total.items()}
-    return first
+        changed = _apply(cfg, {section: {key: value}}, f"--set {text}")
+        if changed.model.max_positions != cfg.model.max_positions and cfg.model.positions == "learned":
+            raise ConfigError(
+                f"--set {text}: this checkpoint has learned positions (one trained vector per position), so "
+                f"model.max_positions stays {cfg.model.max_positions}"
+            )
+        cfg = changed
+    validate(cfg)
+    return cfg
 
 
 class Translator:
@@ -105,10 +105,6 @@ class Translator:
         self.device = torch.device(device)
         self.show_progress = True
 
-    @property
-    def decode_cfg(self) -> DecodeConfig:
-        return self.cfg.decode
-
     @classmethod
     def from_checkpoints(
         cls,
@@ -118,18 +114,20 @@ class Translator:
         lenpen: float | None = None,
         nbest: int | None = None,
         batch_tokens: int | None = None,
+        overrides: Sequence[str] = (),
     ) -> Translator:
-        """Load one checkpoint, or average several on the fly (parameter averaging, as `tmt average` does).
+        """Load one checkpoint, or average several on the fly (`average_states`, exactly as `tmt average` does).
 
-        Decoding settings come from the config stored in the (first) checkpoint;
-        the arguments that are not None override them.
+        Decoding settings come from the config stored in the (newest) checkpoint,
+        then ``overrides`` (``--set`` texts, see `override_config`), then the
+        arguments that are not None.
         """
         paths = [Path(p) for p in paths]
         if not paths:
             raise TranslateError("no checkpoint given; pass one or more with -c CHECKPOINT")
-        state = load_averaged(paths)
+        state = load_state(paths)
         try:
-            cfg = config_from_dict(state["config"], origin=str(paths[0]))
+            cfg = override_config(config_from_dict(state["config"], origin=", ".join(map(str, paths))), overrides)
         except ConfigError as err:
             raise TranslateError(str(err)) from None
         bpe = load_bpe_bytes(state["spm_model"].numpy().tobytes())
@@ -149,9 +147,9 @@ class Translator:
 
         An empty line gets ``nbest`` empty translations with score 0.
         """
-        nbest = self.decode_cfg.nbest if nbest is None else nbest
-        if not 1 <= nbest <= self.decode_cfg.beam_size:
-            raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.decode_cfg.beam_size})")
+        nbest = self.cfg.decode.nbest if nbest is None else nbest
+        if not 1 <= nbest <= self.cfg.decode.beam_size:
+            raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
         ids = [self.encode(i, line) for i, line in enumerate(lines)]
         results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
         todo = [i for i, x in enumerate(ids) if x]
@@ -159,7 +157,7 @@ class Translator:
             total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
         ) as bar:
             bar.update(len(lines) - len(todo))
-            for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.decode_cfg.batch_tokens):
+            for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
                 for i, hyps in zip(batch, self._translate_batch([ids[i] for i in batch], nbest), strict=True):
                     results[i] = hyps
                 bar.update(len(batch))
@@ -182,7 +180,7 @@ class Translator:
         return ids + [EOS]
 
     def _translate_batch(self, sources: list[list[int]], nbest: int) -> list[list[Translation]]:
-        d = self.decode_cfg
+        d = self.cfg.decode
         src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
@@ -251,25 +249,15 @@ def batches_by_tokens(indices: Sequence[int], lengths: Sequence[int], batch_toke
 # -- files
 
 
-def read_text_lines(stream: BinaryIO, name: str) -> list[str]:
-    """Lines of a UTF-8 byte stream split on '\\n' only (a trailing '\\r' is dropped), so that Unicode line
-    separators inside a line never shift the output; invalid UTF-8 is an error naming the line."""
-    data = stream.read()
-    if not data:
-        return []
-    raw_lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        raw_lines.pop()
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as err:
-            raise TranslateError(
-                f"{name}, line {number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
-                "convert the input to UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > in.utf8.txt`"
-            ) from None
-    return lines
+def read_input_lines(input: str | Path | None) -> list[str]:
+    """Lines of ``input`` (stdin when None) by `transformer_mt.data.clean.read_lines`: UTF-8, split on '\\n' only."""
+    name = "<stdin>" if input is None else str(input)
+    try:
+        return list(read_lines(name, sys.stdin.buffer if input is None else None))
+    except InputError as err:
+        raise TranslateError(str(err)) from None
+    except OSError as err:
+        raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
 
 
 def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
@@ -299,20 +287,15 @@ def translate_file(
     nbest: int | None = None,
     batch_tokens: int | None = None,
     device: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None); see `tmt translate --help`."""
-    if input is None:
-        lines = read_text_lines(sys.stdin.buffer, "<stdin>")
-    else:
-        try:
-            with open(input, "rb") as f:
-                lines = read_text_lines(f, str(input))
-        except OSError as err:
-            raise TranslateError(f"{input}: cannot read the input ({err.strerror})") from None
+    lines = read_input_lines(input)
     translator = Translator.from_checkpoints(
-        checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens
-    )
-    k = translator.decode_cfg.nbest
+        checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
+        overrides=overrides,
+    )  # fmt: skip
+    k = translator.cfg.decode.nbest
     if k == 1:
         out_lines = translator.translate_lines(lines)
     else:

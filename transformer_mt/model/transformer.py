@@ -76,8 +76,8 @@ class DecoderCache:
         keys/values and source mask: exact, and cheaper, when `index` only
         moves rows among those of the same sentence (they share that state).
         """
-        if self.length:
-            self.rows = index if self.rows is None else self.rows.index_select(0, index)
+        # Before the first `decode` nothing is cached yet, but the rows still name the batch `decode` must get.
+        self.rows = index if self.rows is None else self.rows.index_select(0, index)
         if cross:
             for layer in self.layers:
                 layer.cross_k = layer.cross_k.index_select(0, index)
@@ -195,6 +195,16 @@ def key_mask(pad_mask: Tensor) -> Tensor:
     return (~pad_mask)[:, None, None, :]
 
 
+def padding_mask_or_none(pad_mask: Tensor) -> Tensor | None:
+    """`key_mask(pad_mask)`, or None when nothing is padded: without a mask CUDA can use the flash kernel.
+
+    Under torch.compile the mask is always passed, so that this data-dependent test never breaks the graph.
+    """
+    if torch.compiler.is_compiling() or bool(pad_mask.any()):
+        return key_mask(pad_mask)
+    return None
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; `forward(src, tgt_in)` gives logits (B, T, V) for teacher forcing."""
 
@@ -246,7 +256,7 @@ class Transformer(nn.Module):
         """src (B, S) token ids, right-padded -> EncoderOut(memory (B, S, D), src_pad_mask (B, S))."""
         src_pad_mask = src.eq(self.pad_id)  # (B, S)
         x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0)
-        mask = key_mask(src_pad_mask)
+        mask = padding_mask_or_none(src_pad_mask)
         for layer in self.encoder:
             x = layer(x, mask)
         if self.encoder_norm is not None:
@@ -259,8 +269,7 @@ class Transformer(nn.Module):
         for layer in self.decoder:
             k, v = layer.cross_attn.project_memory(enc.memory)  # (B, H, S, Dh) each
             layers.append(LayerCache(None, None, k.contiguous(), v.contiguous()))
-        cross_mask = key_mask(enc.src_pad_mask) if bool(enc.src_pad_mask.any()) else None
-        return DecoderCache(layers, cross_mask)
+        return DecoderCache(layers, padding_mask_or_none(enc.src_pad_mask))
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
         """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
@@ -278,7 +287,7 @@ class Transformer(nn.Module):
             )
         x = self._embed(self.embed, tgt_in, offset)  # (B, T, D)
         if cache is None:
-            cross_mask = key_mask(enc.src_pad_mask)
+            cross_mask = padding_mask_or_none(enc.src_pad_mask)
             for layer in self.decoder:
                 k, v = layer.cross_attn.project_memory(enc.memory)
                 x = layer(x, k, v, cross_mask, None)

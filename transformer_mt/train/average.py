@@ -8,6 +8,7 @@ The output is a checkpoint `tmt translate` loads like any other.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,50 +84,70 @@ def _check_same_keys(ref: dict[str, torch.Tensor], other: dict[str, torch.Tensor
             )
 
 
-def average_checkpoints(paths: list[str | Path], out: str | Path) -> dict[str, Any]:
-    """Average the ``model`` parameters of ``paths`` into a new checkpoint at ``out`` (written atomically).
+def _check_same_bpe(ref: torch.Tensor | None, other: torch.Tensor | None, ref_path: Path, path: Path) -> None:
+    """Averaged embeddings only mean something when every input numbers its tokens the same way."""
+    if ref is None and other is None:
+        return
+    if ref is None or other is None or not torch.equal(ref, other):
+        raise AverageError(
+            f"{path}: a different BPE model (spm_model) than {ref_path}; average checkpoints of one run only"
+        )
+
+
+def _float64_copy(model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Floating-point tensors as float64 accumulators; integer buffers copied as they are."""
+    return {k: v.to(torch.float64).clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
+
+
+def _mean(sums: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """Sums divided by ``n`` and cast back to each tensor's dtype in ``ref``; integer buffers unchanged."""
+    return {k: (total / n).to(ref[k].dtype) if ref[k].is_floating_point() else total for k, total in sums.items()}
+
+
+def average_states(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The averaged checkpoint of ``paths`` as a dict (nothing written): what `tmt average` saves.
 
     Floating-point tensors are averaged in float64 and cast back; integer
-    buffers must be equal and are copied. The config, BPE model and update
-    number come from the newest input (highest update). Returns the written state.
+    buffers must be equal and are copied. All inputs must have the same
+    parameter names and shapes and the same BPE model (``spm_model``). The
+    config, BPE model and update number come from the newest input (highest
+    update); optimizer and other training state are left out.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise AverageError("no checkpoints to average")
+    single = len(paths) == 1  # the mean of one checkpoint is itself: no float64 copy needed
     sums: dict[str, torch.Tensor] = {}
     ref: dict[str, torch.Tensor] = {}
-    updates: list[tuple[Path, int]] = []
+    ref_spm: torch.Tensor | None = None
     newest_meta: dict[str, Any] = {}
     best_update = -1
     for path in paths:
         state = _load(path)
         model = state["model"]
         if not ref:
-            ref = dict(model)
-            sums = {k: v.to(torch.float64).clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
+            ref, ref_spm = dict(model), state.get("spm_model")
+            sums = dict(model) if single else _float64_copy(model)
         else:
             _check_same_keys(ref, model, paths[0], path)
+            _check_same_bpe(ref_spm, state.get("spm_model"), paths[0], path)
             for key, tensor in model.items():
                 if tensor.is_floating_point():
                     sums[key] += tensor.to(torch.float64)
                 elif not torch.equal(tensor, sums[key]):
                     raise AverageError(f"{path}: integer buffer '{key}' differs from {paths[0]}; cannot average it")
         update = int(state.get("update", checkpoint_update(path) or 0))
-        updates.append((path, update))
         if update > best_update:
             best_update = update
             newest_meta = {k: state[k] for k in ("config", "spm_model") if k in state}
         del state, model
-    averaged = {
-        key: (total / len(paths)).to(ref[key].dtype) if ref[key].is_floating_point() else total
-        for key, total in sums.items()
-    }
-    result = {
-        "model": averaged,
-        **newest_meta,
-        "update": best_update,
-        "averaged_from": [str(p) for p in paths],
-    }
+    averaged = sums if single else _mean(sums, ref, len(paths))
+    return {"model": averaged, **newest_meta, "update": best_update, "averaged_from": [str(p) for p in paths]}
+
+
+def average_checkpoints(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+    """`average_states` of ``paths`` saved at ``out`` (written atomically); returns the written state."""
+    result = average_states(paths)
     try:
         save_checkpoint(out, result)
     except CheckpointError as err:
