@@ -42,7 +42,7 @@ from transformer_mt.data.dataset import Batch
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.schedule import build_optimizer
-from transformer_mt.train.trainer import Stepper, accumulate_gradients, apply_gradients, autocast, resolve_precision
+from transformer_mt.train.step import Stepper, accumulate_gradients, apply_gradients, autocast, resolve_precision
 
 # bf16 dense tensor-core peaks, TFLOP/s (vendor datasheets, without sparsity), matched by substring of the name.
 PEAK_BF16_TFLOPS = {

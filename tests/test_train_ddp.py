@@ -18,7 +18,7 @@ from transformer_mt.data.dataset import Batch
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.schedule import build_optimizer
-from transformer_mt.train.trainer import Stepper, accumulate_gradients, apply_gradients
+from transformer_mt.train.step import Stepper, accumulate_gradients, apply_gradients
 
 VOCAB = 40
 MODEL = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
@@ -115,7 +115,7 @@ def test_two_process_gloo_equals_one_process_on_union(tmp_path):
 
 def test_gradient_is_mean_over_target_tokens_of_the_whole_update():
     """Accumulating two batches equals one backward of (sum of both losses) / (all their target tokens)."""
-    from transformer_mt.train.trainer import forward_loss
+    from transformer_mt.train.step import forward_loss
 
     torch.manual_seed(0)
     module = Transformer(MODEL, VOCAB, PAD)

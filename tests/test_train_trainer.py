@@ -22,16 +22,15 @@ from transformer_mt.train.checkpoint import (
     save_checkpoint,
 )
 from transformer_mt.train.distributed import DistEnv
-from transformer_mt.train.trainer import (
+from transformer_mt.train.step import (
     Stepper,
     TrainError,
     UpdateStats,
-    Window,
     accumulate_gradients,
     apply_gradients,
     resolve_precision,
-    train_model,
 )
+from transformer_mt.train.trainer import Window, train_model
 
 
 def _cfg(cfg: Config, save_dir, **train) -> Config:

@@ -1,10 +1,9 @@
 """The training loop: token-normalized gradient accumulation, the paper's schedule, exact resume, DDP.
 
-One update = ``train.update_freq`` batches on each of the world's ranks. The
-summed label-smoothed loss of every batch is divided by the number of target
-tokens in the whole update (all batches, all ranks) before backward, so the
-gradient is the per-token mean whatever the batch sizes, accumulation or number
-of GPUs (DDP then averages over ranks, hence the extra factor ``world_size``).
+One update = ``train.update_freq`` batches on each of the world's ranks; how
+one update is computed (precision, token-normalized accumulation, the step)
+lives in ``step.py``. This module decides which batches, when to validate,
+save and stop.
 
 Everything that decides the trajectory lives in the checkpoint (weights,
 optimizer, update number, epoch and position in the epoch's batch order, every
@@ -14,7 +13,6 @@ trajectory, bit for bit on CPU, as a run never stopped.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -25,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
@@ -39,8 +36,8 @@ from transformer_mt.data.batching import (
     shard_batches,
     too_long,
 )
-from transformer_mt.data.bpe import BOS, EOS, PAD, load_bpe
-from transformer_mt.data.dataset import Batch, ParallelDataset, collate
+from transformer_mt.data.bpe import PAD, load_bpe
+from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.model.transformer import Transformer, count_parameters
 from transformer_mt.train.checkpoint import (
     BEST_NAME,
@@ -51,15 +48,20 @@ from transformer_mt.train.checkpoint import (
     save_checkpoint,
 )
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
-from transformer_mt.train.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt.train.loss import perplexity
 from transformer_mt.train.run_files import RunFiles, dropout_seed, restore_rng, rng_state, write_config
-from transformer_mt.train.schedule import build_optimizer, lr_function, set_lr
+from transformer_mt.train.schedule import build_optimizer, lr_function
+from transformer_mt.train.step import (
+    Stepper,
+    TrainError,
+    UpdateStats,
+    accumulate_gradients,
+    apply_gradients,
+    forward_loss,
+    resolve_precision,
+)
 
 MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
-
-
-class TrainError(RuntimeError):
-    """A training problem the user can fix; the message says what to change."""
 
 
 @dataclass
@@ -91,18 +93,6 @@ class TrainResult:
 
 
 @dataclass
-class UpdateStats:
-    """Sums over one update, all ranks: label-smoothed loss and NLL (nats), target tokens, sentences."""
-
-    loss_sum: float = 0.0
-    nll_sum: float = 0.0
-    tokens: float = 0.0
-    sentences: float = 0.0
-    gnorm: float = 0.0
-    stepped: bool = False
-
-
-@dataclass
 class Window:
     """Sums over the updates since the last metric line (all ranks): what a `train` record averages."""
 
@@ -125,128 +115,6 @@ class Window:
     def reset(self) -> None:
         self.loss = self.nll = self.tokens = self.sentences = self.gnorm = 0.0
         self.updates, self.start = 0, time.monotonic()
-
-
-@dataclass
-class Stepper:
-    """What one update needs; ``model`` is what runs forward (DDP and/or compiled), ``module`` the plain model."""
-
-    model: nn.Module
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    env: DistEnv
-    precision: str
-    label_smoothing: float
-    clip_norm: float
-    max_tokens: int = 0
-    update_freq: int = 1
-
-
-# ---------------------------------------------------------------- precision and one update
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on CUDA devices that support it, fp16 (with loss scaling) on older GPUs, fp32 on CPU."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if precision == "fp16" and device.type != "cuda":
-        raise TrainError("train.precision=fp16 needs a CUDA device; on CPU use fp32 (or bf16)")
-    return precision
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def forward_loss(
-    model: nn.Module, batch: Batch, precision: str, label_smoothing: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed (label-smoothed loss, NLL) in nats over the batch's target tokens; log-softmax in fp32."""
-    with autocast(batch.src.device, precision):
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    return label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch.tgt_out.reshape(-1), label_smoothing, PAD)
-
-
-def filler_batch(device: torch.device) -> Batch:
-    """A one-token batch run with weight 0 by a rank whose shard is empty, so every rank joins the same collectives."""
-    one = torch.tensor([[EOS]], device=device)
-    return Batch(one, torch.tensor([[BOS]], device=device), one.clone())
-
-
-def _oom_message(batch: Batch, max_tokens: int, update_freq: int) -> str:
-    smaller = max(max_tokens // 2, 1)
-    return (
-        f"out of memory on a batch of src {tuple(batch.src.shape)}, tgt {tuple(batch.tgt_out.shape)} "
-        f"(train.max_tokens={max_tokens}); try --set train.max_tokens={smaller} "
-        f"--set train.update_freq={update_freq * 2} (same tokens per update, half the memory per batch)"
-    )
-
-
-def accumulate_gradients(step: Stepper, batches: list[Batch | None]) -> UpdateStats:
-    """Forward and backward over this rank's batches of one update, gradients normalized by the global token count.
-
-    ``None`` (or an empty batch) is this rank's filler: a zero-weight step.
-    DDP synchronizes gradients on the last batch only (``no_sync`` on the others).
-    """
-    env = step.env
-    local_tokens = sum(b.num_tgt_tokens for b in batches if b is not None and len(b) > 0)
-    local_sents = sum(len(b) for b in batches if b is not None)
-    total_tokens, total_sents = all_reduce_sum([float(local_tokens), float(local_sents)], env)
-    stats = UpdateStats(tokens=total_tokens, sentences=total_sents)
-    if total_tokens == 0:
-        return stats
-    norm = env.world_size / total_tokens if isinstance(step.model, DDP) else 1.0 / total_tokens
-    sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # (loss, nll), on the device: one sync per update
-    for i, batch in enumerate(batches):
-        empty = batch is None or len(batch) == 0
-        batch = filler_batch(env.device) if empty else batch.to(env.device, non_blocking=True)
-        sync = i == len(batches) - 1 or not isinstance(step.model, DDP)
-        with contextlib.nullcontext() if sync else step.model.no_sync():
-            try:
-                loss, nll = forward_loss(step.model, batch, step.precision, step.label_smoothing)
-                weight = 0.0 if empty else norm
-                step.scaler.scale(loss * weight).backward()
-            except torch.OutOfMemoryError:
-                raise TrainError(_oom_message(batch, step.max_tokens, step.update_freq)) from None
-        if not empty:
-            sums += torch.stack([loss.detach(), nll.detach()]).double()
-    stats.loss_sum, stats.nll_sum = all_reduce_sum(sums.tolist(), env)
-    return stats
-
-
-def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats:
-    """Clip (optionally), check finiteness and step the optimizer; a non-finite update is skipped.
-
-    Gradients are identical on every rank after DDP's all-reduce, so every rank
-    takes the same decision without another collective.
-    """
-    params = [p for p in step.module.parameters() if p.grad is not None]
-    step.scaler.unscale_(step.optimizer)
-    grads = [p.grad for p in params]
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-    gnorm = float(norm)  # the one host sync of the update's gradients
-    finite = math.isfinite(gnorm) and math.isfinite(stats.loss_sum)
-    if finite and step.clip_norm > 0 and grads:
-        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)
-    set_lr(step.optimizer, lr)
-    if step.scaler.is_enabled():
-        step.scaler.step(step.optimizer)  # skips the step itself when the scaled gradients overflowed
-        step.scaler.update()
-    elif finite:
-        step.optimizer.step()
-    step.optimizer.zero_grad(set_to_none=True)
-    stats.gnorm, stats.stepped = gnorm, finite and stats.tokens > 0
-    return stats
-
-
-# ---------------------------------------------------------------- validation
 
 
 def max_sentence_len(cfg: Config) -> int:
