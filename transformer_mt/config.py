@@ -240,10 +240,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         for raw, origin in _read_yaml(Path(path), ()):
             cfg = _apply(cfg, raw, origin)
     for text in overrides:
-        section, key, value = parse_override(text)
-        cfg = _apply(cfg, {section: {key: value}}, f"--set {text}")
+        cfg = apply_override(cfg, text)
     validate(cfg)
     return cfg
+
+
+def apply_override(cfg: Config, text: str) -> Config:
+    """``cfg`` with one ``section.key=value`` applied and type-checked (not yet cross-validated)."""
+    section, key, value = parse_override(text)
+    return _apply(cfg, {section: {key: value}}, f"--set {text}")
 
 
 def config_from_dict(raw: dict[str, Any], origin: str = "checkpoint") -> Config:

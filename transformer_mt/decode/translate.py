@@ -24,7 +24,15 @@ import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from transformer_mt.config import Config, ConfigError, DecodeConfig, _apply, config_from_dict, parse_override, validate
+from transformer_mt.config import (
+    Config,
+    ConfigError,
+    DecodeConfig,
+    apply_override,
+    config_from_dict,
+    parse_override,
+    validate,
+)
 from transformer_mt.data.bpe import EOS, PAD, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
 from transformer_mt.decode.search import beam_search
@@ -76,13 +84,13 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
     model accepts any ``max_positions``; learned positions cannot change.
     """
     for text in overrides:
-        section, key, value = parse_override(text)
+        section, key, _ = parse_override(text)
         if section != "decode" and f"{section}.{key}" != "model.max_positions":
             raise ConfigError(
                 f"--set {text}: a trained checkpoint only takes decode.* keys and model.max_positions; "
                 "the other keys are fixed by its weights"
             )
-        changed = _apply(cfg, {section: {key: value}}, f"--set {text}")
+        changed = apply_override(cfg, text)
         if changed.model.max_positions != cfg.model.max_positions and cfg.model.positions == "learned":
             raise ConfigError(
                 f"--set {text}: this checkpoint has learned positions (one trained vector per position), so "
