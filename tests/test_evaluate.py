@@ -27,7 +27,7 @@ from transformer_mt.evaluate import (
     score_files,
 )
 
-SHARED = Path("/work/shared/data/wmt14_en_de")
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14_en_de"  # beside the repository
 
 HYPS = [
     "Die Fußgänger-Ampel ist alt.",
