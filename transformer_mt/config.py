@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from transformer_mt.files import atomic_write_text
+
 
 class ConfigError(ValueError):
     """A configuration problem a user can fix; the message says how."""
@@ -307,8 +309,8 @@ def _divisor_near(n: int, k: int) -> int:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML next to a run's outputs."""
-    Path(path).write_text(cfg.to_yaml(), encoding="utf-8")
+    """Write the resolved config as YAML next to a run's outputs, whole or not at all."""
+    atomic_write_text(path, cfg.to_yaml())
 
 
 def config_hash(section: Any) -> str:

@@ -36,6 +36,7 @@ from transformer_mt.data.download import (
     offline_hint,
     read_parallel,
 )
+from transformer_mt.files import atomic_path
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,7 @@ def _escapes(path: PurePosixPath) -> bool:
 
 
 def _copy_stream(stream: BinaryIO | None, dest: Path) -> None:
-    tmp = dest.with_name(dest.name + ".tmp")
+    """Stream one archive member into ``dest`` through `transformer_mt.files.atomic_path`."""
     assert stream is not None  # only regular files reach here
-    with open(tmp, "wb") as f:
+    with atomic_path(dest) as tmp, open(tmp, "wb") as f:
         shutil.copyfileobj(stream, f, _CHUNK)
-    os.replace(tmp, dest)

@@ -42,6 +42,7 @@ from transformer_mt.config import Config, config_hash
 from transformer_mt.data import binarize, clean
 from transformer_mt.data.bpe import MODEL_NAME, VOCAB_NAME, BpeError, load_bpe, train_bpe
 from transformer_mt.data.dataset import split_paths
+from transformer_mt.files import atomic_write_text
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -115,7 +116,7 @@ def prepare_data(cfg: Config, force: bool = False) -> Path:
         manifest = _prepare_in(Path(tmp), cfg, splits, fingerprints)
         for name in manifest["files"]:
             os.replace(Path(tmp) / name, out / name)
-    _write_json_atomic(out / MANIFEST, manifest)
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     _say(_summary(out, manifest))
     return out
 
@@ -394,12 +395,6 @@ def _remove_stale_work_dirs(out: Path) -> None:
     for stale in out.glob(".prepare-*"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _write_json_atomic(path: Path, value: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _summary(out: Path, manifest: dict) -> str:

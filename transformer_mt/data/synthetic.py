@@ -12,12 +12,13 @@ rote Auto sieht"). Each English sentence has exactly one translation.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from transformer_mt.files import atomic_path, atomic_write_text
 
 CASES = ("nom", "acc", "dat")
 _DEF = {"m": ("der", "den", "dem"), "f": ("die", "die", "der"), "n": ("das", "das", "dem"), "pl": ("die", "die", "den")}
@@ -297,16 +298,17 @@ def write_corpus(
 
 def _write_split(out: Path, split: str, src_lang: str, tgt_lang: str, pairs: list[tuple[str, str]]) -> None:
     for side, lang in enumerate((src_lang, tgt_lang)):
-        path = out / f"{split}.{lang}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(out / f"{split}.{lang}", "".join(p[side] + "\n" for p in pairs))
 
 
 def _write_train(out: Path, src_lang: str, tgt_lang: str, n: int, rng: random.Random, held_out: set[str]) -> int:
-    paths = [out / f"train.{src_lang}", out / f"train.{tgt_lang}"]
-    tmps = [p.with_name(p.name + ".tmp") for p in paths]
-    with open(tmps[0], "w", encoding="utf-8") as fs, open(tmps[1], "w", encoding="utf-8") as ft:
+    """Stream ``n`` training pairs into both files; neither is renamed into place unless both are complete."""
+    with (
+        atomic_path(out / f"train.{src_lang}") as tmp_src,
+        atomic_path(out / f"train.{tgt_lang}") as tmp_tgt,
+        open(tmp_src, "w", encoding="utf-8", newline="\n") as fs,
+        open(tmp_tgt, "w", encoding="utf-8", newline="\n") as ft,
+    ):
         written = 0
         with tqdm(total=n, desc="train", unit="pairs", disable=n < 10_000, leave=False) as bar:
             while written < n:
@@ -317,6 +319,4 @@ def _write_train(out: Path, src_lang: str, tgt_lang: str, n: int, rng: random.Ra
                 ft.write(de + "\n")
                 written += 1
                 bar.update()
-    for tmp, path in zip(tmps, paths, strict=True):
-        os.replace(tmp, path)
     return written

@@ -12,9 +12,7 @@ normalizes to nothing) gives an empty line without running the model.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from transformer_mt.config import (
 from transformer_mt.data.bpe import EOS, PAD, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
 from transformer_mt.decode.search import beam_search
+from transformer_mt.files import atomic_path
 from transformer_mt.model.transformer import Transformer
 
 
@@ -269,16 +268,10 @@ def read_input_lines(input: str | Path | None) -> list[str]:
 
 
 def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
-    """Write lines to a temporary file beside ``path`` and rename it: a crash never leaves half a file."""
+    """Stream lines into ``path`` through `transformer_mt.files.atomic_path`: a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
 
 
 def format_nbest(results: Sequence[Sequence[Translation]]) -> list[str]:

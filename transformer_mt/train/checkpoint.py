@@ -9,13 +9,14 @@ or a full disk leaves either the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from transformer_mt.files import atomic_path
 
 CHECKPOINT_RE = re.compile(r"^checkpoint_u(\d+)\.pt$")
 BEST_NAME = "checkpoint_best.pt"
@@ -46,36 +47,14 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically: temp file in the same directory, fsync, os.replace."""
+    """Write ``state`` to ``path`` atomically (`transformer_mt.files.atomic_path`): a crash keeps the old file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, Exception):
-            raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    except Exception as err:
+        raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -10,7 +10,6 @@ dropped, and a run that starts from scratch starts an empty file.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.config import Config, save_config
+from transformer_mt.files import atomic_write_text
 from transformer_mt.train.distributed import DistEnv, all_gather_object
 
 # ---------------------------------------------------------------- RNG
@@ -66,10 +66,8 @@ def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> No
 
 
 def write_config(cfg: Config, save_dir: Path) -> None:
-    """``save_dir/config.yaml``, written whole or not at all."""
-    tmp = save_dir / ".config.yaml.tmp"
-    save_config(cfg, tmp)
-    os.replace(tmp, save_dir / "config.yaml")
+    """``save_dir/config.yaml``, written whole or not at all (`save_config` writes atomically)."""
+    save_config(cfg, save_dir / "config.yaml")
 
 
 @dataclass
@@ -122,6 +120,4 @@ def truncate_metrics(path: Path, update: int | None) -> None:
                 kept.append(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a crash
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
