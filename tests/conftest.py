@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.data.prepare import prepare_data
@@ -53,3 +54,15 @@ def prepared_toy(tmp_path_factory) -> Config:
     write_corpus(root / "corpus", pairs=2000, valid=100, test=100, seed=cfg.train.seed)
     prepare_data(cfg)
     return cfg
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,14 +23,7 @@ from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.search import Hypothesis, beam_search, length_penalty, max_output_lengths
 from transformer_mt.model.transformer import Transformer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 A, B_ = 4, 5  # the two "word" tokens of the fake vocabulary

@@ -27,14 +27,7 @@ from transformer_mt.decode.translate import (
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.checkpoint import load_checkpoint, save_checkpoint
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_checkpoint(cfg: Config, path: Path, seed: int, with_spm: bool = True) -> dict[str, torch.Tensor]:

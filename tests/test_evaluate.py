@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-import torch
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
@@ -41,13 +40,7 @@ REFS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other processes hold the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write(path: Path, lines: list[str]) -> Path:
