@@ -20,6 +20,8 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
+from transformer_mt.data.bpe import load_bpe
+
 CHUNK_PAIRS = 2000  # sentence pairs per unit of work handed to a worker
 _HEADER_BYTES = 128  # room reserved for the .npy header; enough for any 1-D shape
 
@@ -75,7 +77,8 @@ class SideWriter:
 
 @lru_cache(maxsize=2)
 def _processor(model_path: str) -> spm.SentencePieceProcessor:
-    return spm.SentencePieceProcessor(model_file=model_path)
+    """``load_bpe``, once per worker process: ``encode_chunk`` runs many times in each."""
+    return load_bpe(model_path)
 
 
 def encode_chunk(model_path: str, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
