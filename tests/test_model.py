@@ -411,9 +411,9 @@ def test_post_norm_ends_each_layer_with_layer_norm_and_pre_norm_adds_final_norms
     torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(2, 6), atol=1e-3, rtol=0)
 
 
-def test_weight_initialization() -> None:
+def test_xavier_weight_initialization() -> None:
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=256, d_ff=1024, heads=4, encoder_layers=1, decoder_layers=1)
+    cfg = ModelConfig(d_model=256, d_ff=1024, heads=4, encoder_layers=1, decoder_layers=1, init="xavier")
     model = Transformer(cfg, 4000, pad_id=PAD)
     emb = model.embed.weight
     assert emb[PAD].abs().sum() == 0
@@ -506,3 +506,29 @@ def test_gpu_flash_attention_runs_on_a_batch_without_padding() -> None:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             flash = model(src, tgt).float()
     torch.testing.assert_close(flash, expected, atol=0.05, rtol=0.05)
+
+
+# ---------------------------------------------------------------- initialization
+
+
+def _uniform_bound(t: torch.Tensor) -> float:
+    return float(t.abs().max())
+
+
+def test_fairseq_init_scales_each_projection_as_fairseq_does() -> None:
+    """Q/K/V Xavier gain 1/sqrt(2) per block, W_O Xavier with zero bias, FFN and other biases PyTorch's default."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(TINY, d_model=64, d_ff=256, heads=4, init="fairseq")
+    model = Transformer(cfg, 1000, pad_id=PAD)
+    xavier = math.sqrt(6 / (64 + 64))
+    layer = model.decoder[0]
+    for block in layer.self_attn.qkv.weight.chunk(3) + layer.cross_attn.kv.weight.chunk(2):
+        assert 0.9 * xavier / math.sqrt(2) < _uniform_bound(block) <= xavier / math.sqrt(2)
+    assert 0.9 * xavier / math.sqrt(2) < _uniform_bound(layer.cross_attn.q.weight) <= xavier / math.sqrt(2)
+    assert 0.9 * xavier < _uniform_bound(layer.self_attn.out.weight) <= xavier
+    assert not layer.self_attn.out.bias.any() and not layer.cross_attn.out.bias.any()
+    assert 0.5 * 64**-0.5 < _uniform_bound(layer.self_attn.qkv.bias) <= 64**-0.5  # default Linear bias, not zero
+    assert 0.9 * 64**-0.5 < _uniform_bound(layer.ffn.fc1.weight) <= 64**-0.5  # default Linear: U(+-1/sqrt(fan_in))
+    assert 0.9 * 256**-0.5 < _uniform_bound(layer.ffn.fc2.weight) <= 256**-0.5
+    assert model.embed.weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
+    assert not model.embed.weight[PAD].any()

@@ -78,6 +78,7 @@ class ModelConfig:
     norm: Literal["post", "pre"] = "post"  # "pre" is a deviation: LayerNorm before each sublayer
     max_positions: int = 1024  # longest sequence (tokens) the model accepts
     share_embeddings: bool = True  # tie source, target and output embeddings (shared vocabulary)
+    init: Literal["fairseq", "xavier"] = "fairseq"  # weight initialization; the paper fixes none (docs/model.md)
 
 
 @dataclass

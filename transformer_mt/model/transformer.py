@@ -230,18 +230,30 @@ class Transformer(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """Xavier-uniform per projection matrix, zero biases; embeddings N(0, d_model^-0.5), padding row 0."""
+        """Initialize every weight by ``cfg.init``; embeddings N(0, d_model^-0.5) with the padding row 0.
+
+        ``xavier``: Xavier-uniform per projection matrix (W_Q, W_K, W_V as three
+        matrices), zero biases. ``fairseq``: fairseq's scheme, Xavier with gain
+        1/sqrt(2) on W_Q, W_K, W_V, Xavier on W_O with a zero bias, PyTorch's
+        default Linear init for the feed-forward layers and the other biases;
+        its smaller query/key/value and FFN-output weights learn faster early.
+        """
+        fairseq = self.cfg.init == "fairseq"
+        qkv_gain = 2**-0.5 if fairseq else 1.0
         for m in self.modules():
             if isinstance(m, SelfAttention):
-                init_linear(m.qkv, parts=3)
+                init_linear(m.qkv, parts=3, gain=qkv_gain, zero_bias=not fairseq)
                 init_linear(m.out)
             elif isinstance(m, CrossAttention):
-                init_linear(m.q)
-                init_linear(m.kv, parts=2)
+                init_linear(m.q, gain=qkv_gain, zero_bias=not fairseq)
+                init_linear(m.kv, parts=2, gain=qkv_gain, zero_bias=not fairseq)
                 init_linear(m.out)
             elif isinstance(m, FeedForward):
-                init_linear(m.fc1)
-                init_linear(m.fc2)
+                for fc in (m.fc1, m.fc2):
+                    if fairseq:
+                        fc.reset_parameters()
+                    else:
+                        init_linear(fc)
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, mean=0.0, std=self.cfg.d_model**-0.5)
                 with torch.no_grad():
@@ -304,11 +316,19 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src))
 
 
-def init_linear(linear: nn.Linear, parts: int = 1) -> None:
-    """Xavier-uniform each of `parts` stacked (out/parts, in) matrices, as if they were separate; zero bias."""
+def init_linear(linear: nn.Linear, parts: int = 1, gain: float = 1.0, zero_bias: bool = True) -> None:
+    """Xavier-uniform each of `parts` stacked (out/parts, in) matrices, as if they were separate.
+
+    The bias is zeroed, or with ``zero_bias=False`` drawn as PyTorch's default
+    Linear bias of each part, U(-1/sqrt(in), 1/sqrt(in)).
+    """
     for block in linear.weight.data.chunk(parts, dim=0):
-        nn.init.xavier_uniform_(block)
-    nn.init.zeros_(linear.bias)
+        nn.init.xavier_uniform_(block, gain=gain)
+    if zero_bias:
+        nn.init.zeros_(linear.bias)
+    else:
+        bound = linear.in_features**-0.5
+        nn.init.uniform_(linear.bias, -bound, bound)
 
 
 def count_parameters(model: nn.Module) -> int:
