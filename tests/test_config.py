@@ -107,6 +107,25 @@ def test_cross_key_validation():
         load_config(None, ["model.dropout=1.0"])
 
 
+def test_validation_bleu_best_metric_and_patience_keys():
+    tc = load_config().train
+    assert (tc.valid_bleu_sentences, tc.valid_bleu_beam, tc.best_metric, tc.patience) == (0, 1, "loss", 0)  # off
+    cfg = load_config(None, ["train.valid_bleu_sentences=-1", "train.best_metric=bleu", "train.patience=3"])
+    assert (cfg.train.valid_bleu_sentences, cfg.train.best_metric, cfg.train.patience) == (-1, "bleu", 3)
+    with pytest.raises(ConfigError, match=r"best_metric=bleu needs a validation BLEU: set train\.valid_bleu_sentences"):
+        load_config(None, ["train.best_metric=bleu"])
+    with pytest.raises(ConfigError, match=r"'accuracy' is not one of 'loss', 'bleu'"):
+        load_config(None, ["train.best_metric=accuracy"])
+    with pytest.raises(ConfigError, match=r"valid_bleu_sentences must be -1 \(all\), 0 \(off\)"):
+        load_config(None, ["train.valid_bleu_sentences=-2"])
+    with pytest.raises(ConfigError, match=r"valid_bleu_beam must be at least 1"):
+        load_config(None, ["train.valid_bleu_sentences=10", "train.valid_bleu_beam=0"])
+    with pytest.raises(ConfigError, match=r"patience must be 0 \(off\)"):
+        load_config(None, ["train.patience=-1"])
+    with pytest.raises(ConfigError, match=r"patience=2 counts validations, but train\.validate_every=0"):
+        load_config(None, ["train.patience=2", "train.validate_every=0"])
+
+
 @pytest.mark.parametrize("key", ["train.warmup", "train.log_every", "train.keep_last", "train.average_last"])
 def test_counts_that_must_be_positive(key):
     with pytest.raises(ConfigError, match=rf"{key} must be positive, got 0"):

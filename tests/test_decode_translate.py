@@ -17,11 +17,12 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config
-from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.decode.translate import (
     TranslateError,
     Translator,
     batches_by_tokens,
+    empty_outputs,
     read_input_lines,
 )
 from transformer_mt.model.transformer import Transformer
@@ -30,13 +31,21 @@ from transformer_mt.train.checkpoint import load_checkpoint, save_checkpoint
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def write_checkpoint(cfg: Config, path: Path, seed: int, with_spm: bool = True) -> dict[str, torch.Tensor]:
+def write_checkpoint(
+    cfg: Config, path: Path, seed: int, with_spm: bool = True, silent: bool = False
+) -> dict[str, torch.Tensor]:
+    """A random-weight checkpoint; ``silent``: one whose every translation is empty (EOS first, always)."""
     spm_path = Path(cfg.data.dir) / "spm.model"
     vocab = load_bpe(spm_path).get_piece_size()
     torch.manual_seed(seed)
     model = Transformer(cfg.model, vocab)
     with torch.no_grad():
         model.embed.weight.mul_(8.0)  # peaky distributions: outputs differ by sentence and end before max length
+        if silent:  # the decoder's last LayerNorm outputs a constant that points at EOS, the longest embedding
+            model.embed.weight[EOS] *= 2 * model.embed.weight.norm(dim=1).max() / model.embed.weight[EOS].norm()
+            last = model.decoder_norm or model.decoder[-1].norm3  # the stack's last LayerNorm (pre- or post-norm)
+            last.weight.zero_()
+            last.bias.copy_(model.embed.weight[EOS])
     state = {"model": model.state_dict(), "config": cfg.to_dict(), "update": seed}
     if with_spm:
         state["spm_model"] = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
@@ -231,6 +240,34 @@ def test_bad_flags(ckpts: list[Path]) -> None:
         Translator.from_checkpoints(ckpts[:1], device="cpu", beam=2, nbest=3)
     with pytest.raises(TranslateError, match="--beam must be at least 1"):
         Translator.from_checkpoints(ckpts[:1], device="cpu", beam=0)
+
+
+def test_empty_output_rule_warns_above_five_percent() -> None:
+    sources = [f"line {i}" for i in range(40)] + ["", " \t "]
+    outputs = [f"Zeile {i}" for i in range(40)] + ["", ""]
+    assert empty_outputs(sources, outputs) == (0, None)  # empty input lines are neither counted nor a reason
+    assert empty_outputs(sources, ["", " ", *outputs[2:]]) == (2, None)  # 2 of 40 = 5%: not above the limit
+    empty, warning = empty_outputs(sources, ["", "", "", *outputs[3:]])  # 3 of 40 = 7.5%
+    assert empty == 3 and warning is not None
+    assert "3 of 40 non-empty input lines (7.5%) got an empty translation" in warning
+    assert "undertrained" in warning and "train.warmup" in warning
+    assert empty_outputs([], []) == (0, None)
+
+
+def test_cli_warns_when_translations_come_out_empty(
+    ckpts: list[Path], toy_cfg: Config, test_lines: list[str], tmp_path: Path
+) -> None:
+    silent = tmp_path / "silent.pt"
+    write_checkpoint(toy_cfg, silent, seed=0, silent=True)
+    text = "".join(line + "\n" for line in [*test_lines[:4], ""]).encode()
+    result = CliRunner().invoke(app, ["translate", "-c", str(silent), "--beam", "2", "--nbest", "2"], input=text)
+    assert result.exit_code == 0, result.output
+    best = result.stdout.splitlines()[::2]  # the best of each line's two hypotheses is empty
+    assert [row.split("\t")[2] for row in best] == [""] * 5
+    assert "warning: 4 of 4 non-empty input lines (100.0%) got an empty translation" in result.stderr
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "--beam", "1"], input=text)
+    assert result.exit_code == 0, result.output
+    assert all(result.stdout.splitlines()[:4]) and "empty translation" not in result.stderr
 
 
 def test_batches_by_tokens_bound_and_cover() -> None:

@@ -199,7 +199,23 @@ def test_evaluate_local_files_offline(toy_ckpt: Path, prepared_toy: Config, tmp_
     assert saved["testset"] == "newstest2014" and saved["decode"]["beam_size"] == 2
     assert saved["sacrebleu"]["score"] == pytest.approx(sacrebleu.corpus_bleu(hyps[:-1], [ref_lines]).score)
     assert scores["paper_bleu"] == saved["paper_bleu"]
+    assert saved["empty_hypotheses"] == sum(1 for h in hyps[:-1] if not h)
     assert "paper BLEU" in capsys.readouterr().out
+
+
+def test_evaluate_warns_and_counts_empty_hypotheses(prepared_toy: Config, tmp_path: Path, capsys) -> None:
+    from test_decode_translate import write_checkpoint
+
+    write_checkpoint(prepared_toy, tmp_path / "silent.pt", seed=0, silent=True)  # translates everything to nothing
+    src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:5]
+    ref_lines = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:5]
+    src, ref = write(tmp_path / "t.en", src_lines), write(tmp_path / "t.de", ref_lines)
+    scores = evaluate_checkpoint([tmp_path / "silent.pt"], src=src, ref=ref, output=tmp_path / "out", beam=1)
+    assert scores["empty_hypotheses"] == 5 and scores["sacrebleu"]["score"] == 0
+    assert json.loads((tmp_path / "out" / "scores.json").read_text())["empty_hypotheses"] == 5
+    err = capsys.readouterr().err
+    assert "warning: 5 of 5 non-empty input lines (100.0%) got an empty translation" in err
+    assert "undertrained checkpoint" in err
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs the WMT14 newstest2014 files of the shared data directory")

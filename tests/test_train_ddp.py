@@ -151,7 +151,8 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "transformer_mt", "train", str(config), "--nproc-per-node", "2"]
     proc = subprocess.run(
-        [*cmd, "--set", "train.max_updates=4", "--set", "train.validate_every=2"],
+        [*cmd, "--set", "train.max_updates=4", "--set", "train.validate_every=2",
+         "--set", "train.valid_bleu_sentences=6", "--set", "train.best_metric=bleu"],  # rank 0 decodes, both wait
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,3 +163,4 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
     assert proc.stderr.count("resolved config") == 1 and proc.stderr.count("done at update 4") == 1
     metrics = (run / "metrics.jsonl").read_text().splitlines()
     assert sum('"kind": "valid"' in line for line in metrics) == 2  # written once, by rank 0
+    assert sum('"bleu_sentences": 6' in line for line in metrics) == 2 and "best_valid_bleu" in state

@@ -1,10 +1,12 @@
-"""The paper's learning-rate schedule (eq. 3) and the optimizer settings."""
+"""The paper's learning-rate schedule (eq. 3), the budget-aware schedules, and the optimizer settings."""
+
+import math
 
 import pytest
 import torch
 
-from transformer_mt.config import TrainConfig
-from transformer_mt.train.schedule import build_optimizer, inverse_sqrt_lr, lr_function
+from transformer_mt.config import ConfigError, TrainConfig, load_config
+from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress, inverse_sqrt_lr
 
 
 @pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
@@ -25,9 +27,74 @@ def test_peak_at_warmup():
 
 
 def test_linear_warmup_then_inverse_sqrt_decay():
-    lr = lr_function(512, 4000, 1.0)
+    sched = Schedule.from_config(TrainConfig(), 512)
+    lr = lambda step: sched.lr(step, 0.0)  # noqa: E731 - the paper's schedule ignores the budget
     assert lr(2000) == pytest.approx(lr(1000) * 2)
     assert lr(16_000) == pytest.approx(lr(4000) / 2)
+
+
+@pytest.mark.parametrize("step", [1, 79, 80, 81, 400, 783])
+@pytest.mark.parametrize("progress", [0.0, 0.3, 1.0])
+def test_default_schedule_is_the_paper_formula_whatever_the_budget(step, progress):
+    for cfg, d_model in [(TrainConfig(), 512), (TrainConfig(warmup=80, lr_scale=0.1431), 256)]:
+        expected = inverse_sqrt_lr(step, d_model, cfg.warmup, cfg.lr_scale)
+        assert Schedule.from_config(cfg, d_model).lr(step, progress) == pytest.approx(expected, rel=1e-12)
+
+
+def test_fixed_peak_with_paper_decay_is_fairseq_inverse_sqrt():
+    """train.lr with warmup in updates: lr rises linearly to train.lr, then train.lr * sqrt(warmup / step)."""
+    sched = Schedule.from_config(TrainConfig(lr=1e-3, warmup=80), 256)
+    for step in [1, 40, 80, 200, 783]:
+        expected = 1e-3 * step / 80 if step <= 80 else 1e-3 * math.sqrt(80 / step)
+        assert sched.lr(step, 0.5) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "inverse_sqrt"])
+@pytest.mark.parametrize("progress", [0.0, 0.01, 0.05, 0.1, 0.2, 0.55, 0.9, 1.0])
+def test_warmup_fraction_schedules_against_their_formulas(kind, progress):
+    f, peak = 0.1, 2e-3
+    sched = Schedule.from_config(TrainConfig(schedule=kind, lr=peak, warmup_fraction=f), 256)
+    if progress < f:
+        expected = peak * progress / f
+    elif kind == "linear":
+        expected = peak * (1 - progress) / (1 - f)
+    elif kind == "cosine":
+        expected = peak * 0.5 * (1 + math.cos(math.pi * (progress - f) / (1 - f)))
+    else:
+        expected = peak * math.sqrt(f / progress)
+    assert sched.lr(123, progress) == pytest.approx(expected, rel=1e-12, abs=1e-18)
+    assert sched.warming_up(123, progress) == (progress < f)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_decay_with_warmup_in_updates_ends_at_zero_with_the_budget(kind):
+    sched = Schedule.from_config(TrainConfig(schedule=kind, lr=1e-3, warmup=10), 256)
+    assert sched.lr(5, 0.05) == pytest.approx(5e-4)  # ramp: step / warmup
+    assert sched.warming_up(5, 0.05) and not sched.warming_up(10, 0.1)
+    lin = 1e-3 * (1 - 0.5) if kind == "linear" else 1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert sched.lr(50, 0.5) == pytest.approx(lin)
+    assert sched.lr(100, 1.0) == pytest.approx(0.0, abs=1e-18)
+
+
+def test_progress_is_the_bound_reached_first():
+    assert horizon_progress(50, 1.0, 100, 0) == 0.5
+    assert horizon_progress(50, 15.0, 100, 20) == 0.75  # the clock is ahead of the update count
+    assert horizon_progress(90, 1.0, 100, 20) == 0.9
+    assert horizon_progress(5, 30.0, 0, 20) == 1.0  # capped
+    assert horizon_progress(5, 3.0, 0, 0) == 0.0  # no bound known
+
+
+def test_schedule_keys_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(overrides=["train.warmup_fraction=0.1"])
+    with pytest.raises(ConfigError, match="warmup_fraction"):
+        load_config(overrides=["train.warmup_fraction=1.5", "train.lr=0.001"])
+    with pytest.raises(ConfigError, match="lr_scale"):
+        load_config(overrides=["train.lr=0.001", "train.lr_scale=0.5"])
+    with pytest.raises(ConfigError, match="snapshot_span"):
+        load_config(overrides=["train.snapshot_span=-0.1"])
+    with pytest.raises(ConfigError, match="'linear'"):
+        load_config(overrides=["train.schedule=linaer"])
 
 
 def test_step_counts_from_one():

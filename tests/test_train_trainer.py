@@ -14,6 +14,8 @@ import torch
 from transformer_mt.config import Config
 from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
+from transformer_mt.decode.translate import Translator
+from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.train.checkpoint import (
     BEST_NAME,
     checkpoint_name,
@@ -30,7 +32,7 @@ from transformer_mt.train.step import (
     apply_gradients,
     resolve_precision,
 )
-from transformer_mt.train.trainer import Window, train_model
+from transformer_mt.train.trainer import Window, train_model, unconverged
 
 
 def _cfg(cfg: Config, save_dir, **train) -> Config:
@@ -196,7 +198,8 @@ def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(pre
     stale = [{"kind": "train", "update": u, "loss": 9.0} for u in range(1, 6)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in stale) + '{"kind": "tr')
     train_model(_cfg(prepared_toy, run, max_updates=2, log_every=1, validate_every=100))
-    assert [(m["kind"], m["update"]) for m in _metrics(run)] == [("train", 1), ("train", 2), ("valid", 2)]
+    records = [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] != "warning"]  # 2 updates: warnings
+    assert records == [("train", 1), ("train", 2), ("valid", 2)]
     err = capsys.readouterr().err
     assert "train update 1/2 epoch 1: loss " in err and "train update 2/2 epoch 1: loss " in err
     assert "\r" not in err  # no progress bar
@@ -207,6 +210,84 @@ def test_progress_bar_on_a_terminal_and_no_log_lines(prepared_toy, tmp_path, cap
     train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=2, log_every=1, validate_every=100))
     err = capsys.readouterr().err
     assert "train: " in err and "2/2" in err and "train update" not in err
+
+
+# ---------------------------------------------------------------- never fail silently; validation BLEU, patience
+
+
+def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    result = train_model(_cfg(prepared_toy, run, max_updates=5, warmup=4000, validate_every=100))
+    err = capsys.readouterr().err
+    assert (
+        "warning: training stopped at update 5, inside its warmup of 4000 updates (train.warmup): the learning rate "
+        "never reached its peak, so the model is barely trained and translations may be empty"
+    ) in err
+    warnings = [m for m in _metrics(run) if m["kind"] == "warning"]
+    assert [(w["update"], w["reason"]) for w in warnings] == [(5, "warmup"), (5, "unconverged")]
+    assert "far from converged: validation perplexity" in warnings[1]["message"] and "is above 100" in err
+    assert result.warnings == tuple(w["message"] for w in warnings)
+
+
+def test_the_convergence_rule():
+    assert "perplexity 150.0 is above 100" in unconverged([(5, 150.0)], 100)
+    assert unconverged([(5, 20.0)], 100) is None and unconverged([], 100) is None
+    # a Multi30k run stopped at update 400 (validate_every 132): 396 -> 400 is too close, 264 -> 400 shows the trend
+    history = [(264, 39.31), (396, 23.63), (400, 22.60)]
+    assert "fell 43% in the last 136 updates (39.31 at update 264, 22.60 at 400)" in unconverged(history, 132)
+    assert unconverged([(1000, 5.2), (2000, 4.9), (2003, 4.89)], 1000) is None  # 6% over an interval: converging
+    assert unconverged([(2000, 4.9), (3000, 4.3)], 1000) is not None  # 12%
+
+
+def _valid_sentences(cfg: Config, n: int) -> tuple[list[str], list[str]]:
+    d = cfg.data
+    src, ref = (Path(f"{d.valid}.{lang}").read_text(encoding="utf-8").splitlines()[:n] for lang in ("en", "de"))
+    return src, ref
+
+
+def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    common = dict(max_updates=20, validate_every=5, warmup=5, save_every_updates=20)
+    result = train_model(_cfg(prepared_toy, run, valid_bleu_sentences=12, best_metric="bleu", **common))
+    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    assert [m["update"] for m in valid] == [5, 10, 15, 20]
+    assert all(m["bleu_sentences"] == 12 and 0 <= m["empty_hypotheses"] <= 12 for m in valid)
+    bleus = [m["bleu"] for m in valid]
+    assert [m["best_bleu"] for m in valid] == [max(bleus[: i + 1]) for i in range(4)]
+    assert len(set(bleus)) > 1  # the scores move, so the choice of the best checkpoint means something
+    best = load_checkpoint(run / BEST_NAME)
+    assert best["update"] == valid[bleus.index(max(bleus))]["update"] and best["valid_bleu"] == max(bleus)
+    assert result.best_valid_bleu == max(bleus) and not [m for m in _metrics(run) if m.get("reason") == "warmup"]
+    assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
+
+    # the logged figure is what `tmt evaluate` would compute: the same weights, beam 1, sacreBLEU
+    translator = Translator.from_checkpoints([run / BEST_NAME], device="cpu", beam=1)
+    translator.show_progress = False
+    sources, refs = _valid_sentences(prepared_toy, 12)
+    assert corpus_sacrebleu(translator.translate_lines(sources), refs)["score"] == max(bleus)
+
+    # and decoding leaves training as it was: the model is back in train mode (dropout), no random draw is taken
+    plain = tmp_path / "plain"
+    train_model(_cfg(prepared_toy, plain, **common))
+    a, b = load_checkpoint(run / checkpoint_name(20))["model"], load_checkpoint(plain / checkpoint_name(20))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_patience_stops_the_run_and_its_count_survives_a_resume(prepared_toy, tmp_path, capsys):
+    """lr 0: the validation loss never improves, so patience 3 stops the run 3 validations after the first."""
+    common = dict(lr_scale=0.0, validate_every=2, patience=3, max_updates=50)
+    straight = train_model(_cfg(prepared_toy, tmp_path / "straight", **common))
+    assert (straight.update, straight.stop_reason) == (8, "patience=3")
+    assert "3/3 validations without a new best loss" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, **{**common, "max_updates": 6}))  # validations at 2 (the best), 4 and 6
+    assert load_checkpoint(run / checkpoint_name(6))["stale_validations"] == 2
+    resumed = train_model(_cfg(prepared_toy, run, **common))
+    assert (resumed.update, resumed.stop_reason) == (8, "patience=3")  # not 12: the count went on from 2
+    assert load_checkpoint(run / BEST_NAME)["update"] == 2
+    again = train_model(_cfg(prepared_toy, run, **common))  # a run patience has stopped stays stopped
+    assert (again.update, again.stop_reason) == (8, "patience=3")
 
 
 def test_window_adds_updates_and_resets():
@@ -316,3 +397,39 @@ def test_mixed_precision_on_gpu(prepared_toy, tmp_path, precision):
     assert result.update == 20 and math.isfinite(result.valid_loss)
     assert bool(state["scaler"]) == (precision == "fp16")
     assert len(state["rng"]["torch_cuda"]) == 1
+
+
+# ---------------------------------------------------------------- budget-aware schedule and snapshots
+
+
+def test_snapshots_are_spread_over_the_end_of_the_budget(prepared_toy, tmp_path):
+    """snapshot_span 0.4 with average_last 4 over 20 updates: checkpoints at 70%, 80%, 90% and 100% of the run."""
+    run = tmp_path / "run"
+    cfg = _cfg(prepared_toy, run, max_updates=20, snapshot_span=0.4, average_last=4, keep_last=50, validate_every=100)
+    train_model(cfg)
+    assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (14, 16, 18, 20)]
+
+
+def test_linear_schedule_reaches_zero_at_the_budget_and_logs_progress(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = _cfg(
+        prepared_toy, run, max_updates=10, schedule="linear", lr=1e-3, warmup_fraction=0.2, log_every=1,
+        validate_every=100,
+    )  # fmt: skip
+    train_model(cfg)
+    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    assert [m["lr"] for m in train] == pytest.approx([5e-4, 1e-3, *(1e-3 * (1 - u / 10) / 0.8 for u in range(3, 11))])
+    assert [m["progress"] for m in train] == pytest.approx([u / 10 for u in range(1, 11)])
+    err = capsys.readouterr().err
+    assert "train update 3/10" in err and "max_updates=10" in err and " left)" in err
+
+
+def test_the_wall_clock_budget_counts_the_minutes_before_a_resume(prepared_toy, tmp_path):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+    state = load_checkpoint(run / checkpoint_name(2))
+    assert 0 < state["minutes"] < 5
+    state["minutes"] = 30.0  # as if this run had already trained for half an hour
+    save_checkpoint(run / checkpoint_name(2), state)
+    result = train_model(_cfg(prepared_toy, run, max_updates=50, max_minutes=30, validate_every=100))
+    assert result.update == 3 and result.stop_reason == "max_minutes=30"  # one update, then the budget is spent

@@ -91,6 +91,9 @@ class TrainConfig:
     update_freq: int = 8  # batches accumulated per update; tokens/update = max_tokens x update_freq x GPUs
     lr_scale: float = 1.0  # multiplies the paper's schedule (paper: 1.0)
     warmup: int = 4000
+    schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"  # decay after warmup; paper: inverse_sqrt
+    lr: float = 0.0  # deviation: the peak lr itself; 0 keeps the paper's lr_scale * d_model^-0.5 * warmup^-0.5
+    warmup_fraction: float = 0.0  # deviation: warmup as a fraction of the run's budget instead of `warmup` updates
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -103,12 +106,17 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     max_updates: int = 100_000  # 0 disables this limit
     max_epochs: int = 0  # 0 disables this limit
-    max_minutes: float = 0.0  # wall-clock limit for this run; 0 disables
+    max_minutes: float = 0.0  # wall-clock training minutes, counted across resumes; 0 disables
     validate_every: int = 1000  # updates between validation runs
+    valid_bleu_sentences: int = 0  # each validation also translates this many valid sentences, sacreBLEU; -1 all
+    valid_bleu_beam: int = 1  # beam of that translation (1: greedy, the fastest); the rest from the decode section
+    best_metric: Literal["loss", "bleu"] = "loss"  # what checkpoint_best.pt and patience track; bleu needs the above
+    patience: int = 0  # stop after this many validations in a row without a new best best_metric; 0 disables
     save_every_updates: int = 0  # 0 disables update-based checkpoints
     save_every_minutes: float = 10.0  # the paper wrote a checkpoint every 10 minutes; 0 disables
     keep_last: int = 20  # checkpoints kept besides the best one
     average_last: int = 5  # checkpoints `tmt average` uses by default (paper: base 5, big 20)
+    snapshot_span: float = 0.0  # deviation: write average_last checkpoints evenly over this last fraction of the budget
     max_nonfinite: int = 10  # stop after this many non-finite updates in a row
     log_every: int = 100  # updates between metric lines
     num_threads: int = 0  # CPU threads for torch; 0 leaves torch's default
@@ -299,10 +307,53 @@ def validate(cfg: Config) -> None:
     }.items():
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
+    _validate_schedule(cfg.train)
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
         raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
+    _validate_validation(cfg.train)
+
+
+def _validate_validation(tc: TrainConfig) -> None:
+    """Validation BLEU, the best checkpoint's metric and patience."""
+    if tc.valid_bleu_sentences < -1:
+        raise ConfigError(
+            f"train.valid_bleu_sentences must be -1 (all), 0 (off) or a number of sentences, "
+            f"got {tc.valid_bleu_sentences}"
+        )
+    if tc.valid_bleu_beam < 1:
+        raise ConfigError(f"train.valid_bleu_beam must be at least 1 (1 is greedy), got {tc.valid_bleu_beam}")
+    if tc.best_metric == "bleu" and tc.valid_bleu_sentences == 0:
+        raise ConfigError(
+            "train.best_metric=bleu needs a validation BLEU: set train.valid_bleu_sentences (e.g. 500, or -1 for "
+            "the whole validation split)"
+        )
+    if tc.patience < 0:
+        raise ConfigError(f"train.patience must be 0 (off) or a number of validations, got {tc.patience}")
+    if tc.patience > 0 and tc.validate_every <= 0:
+        raise ConfigError(
+            f"train.patience={tc.patience} counts validations, but train.validate_every={tc.validate_every} "
+            "validates only at the end; set train.validate_every"
+        )
+
+
+def _validate_schedule(tc: TrainConfig) -> None:
+    for key, value in {"train.warmup_fraction": tc.warmup_fraction, "train.snapshot_span": tc.snapshot_span}.items():
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {value}")
+    if tc.lr < 0:
+        raise ConfigError(f"train.lr must be positive (or 0 for the paper's peak), got {tc.lr}")
+    if tc.lr > 0 and tc.lr_scale != 1.0:
+        raise ConfigError(
+            f"train.lr={tc.lr} sets the peak learning rate itself, so train.lr_scale={tc.lr_scale} would be ignored; "
+            "set train.lr_scale=1.0 (or train.lr=0 to scale the paper's schedule)"
+        )
+    if tc.warmup_fraction > 0 and tc.lr == 0:
+        raise ConfigError(
+            "train.warmup_fraction needs a peak learning rate: the paper's peak depends on train.warmup in updates; "
+            "set train.lr (e.g. --set train.lr=0.001)"
+        )
 
 
 def _divisor_near(n: int, k: int) -> int:

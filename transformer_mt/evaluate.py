@@ -94,16 +94,26 @@ def read_lines(path: Path, role: str) -> list[str]:
         raise EvaluateError(str(err)) from None
 
 
+def corpus_sacrebleu(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
+    """sacreBLEU (13a, cased, one reference) of detokenized ``hyps`` against raw ``refs``, with its signature.
+
+    The figure of `tmt evaluate` and `tmt score`, and of the validation BLEU that training logs.
+    """
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU()
+    return {**bleu_details(bleu.corpus_score(list(hyps), [list(refs)])), "signature": str(bleu.get_signature())}
+
+
 def score_lines(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
     """sacreBLEU (13a, cased) and chrF with signatures, and the paper's BLEU; compounds split for German."""
-    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.metrics import CHRF
 
-    bleu, chrf = BLEU(), CHRF()
-    sacre = bleu.corpus_score(list(hyps), [list(refs)])
+    chrf = CHRF()
     split = lang == "de"
     return {
         "sentences": len(hyps),
-        "sacrebleu": {**bleu_details(sacre), "signature": str(bleu.get_signature())},
+        "sacrebleu": corpus_sacrebleu(hyps, refs),
         "chrf": {"score": round(chrf.corpus_score(list(hyps), [list(refs)]).score, 4),
                  "signature": str(chrf.get_signature())},
         "paper_bleu": {
@@ -204,7 +214,7 @@ def evaluate_checkpoint(
     ``overrides`` are ``--set`` texts for the checkpoint's config (see
     `transformer_mt.decode.translate.override_config`).
     """
-    from transformer_mt.decode.translate import TranslateError, Translator, write_lines_atomic
+    from transformer_mt.decode.translate import TranslateError, Translator, empty_outputs, write_lines_atomic
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
@@ -226,7 +236,9 @@ def evaluate_checkpoint(
     name = testset or src_path.stem
     out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
-    write_lines_atomic(hyp_path, translator.translate_lines(sources))
+    hyps = translator.translate_lines(sources)
+    write_lines_atomic(hyp_path, hyps)
+    empty, warning = empty_outputs(sources, hyps)
     d = translator.cfg.decode
     scores = {
         "testset": name,
@@ -235,10 +247,13 @@ def evaluate_checkpoint(
         "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
                    "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
         **score_files(hyp_path, ref_path, data.tgt_lang),
+        "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip
     write_lines_atomic(out_dir / "scores.json", [json.dumps(scores, indent=2)])
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
+    if warning:
+        print(warning, file=sys.stderr)
     return scores
 
 

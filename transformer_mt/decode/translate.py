@@ -274,6 +274,29 @@ def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
         f.writelines(line + "\n" for line in lines)
 
 
+EMPTY_OUTPUT_LIMIT = 0.05  # warn when more than this fraction of non-empty input lines translate to nothing
+
+
+def empty_outputs(sources: Sequence[str], outputs: Sequence[str]) -> tuple[int, str | None]:
+    """How many non-empty ``sources`` got an empty translation, and a warning when more than 5% of them did.
+
+    A line is empty when it normalizes to nothing (what `Translator` leaves
+    untranslated). A trained model almost never answers a real sentence with
+    nothing; a model stopped early, inside its learning-rate warmup, often
+    does. `tmt translate` and `tmt evaluate` print the warning on stderr.
+    """
+    given = [i for i, line in enumerate(sources) if normalize(line)]
+    empty = sum(1 for i in given if not outputs[i].strip())
+    if not given or empty <= EMPTY_OUTPUT_LIMIT * len(given):
+        return empty, None
+    return empty, (
+        f"warning: {empty} of {len(given)} non-empty input lines ({100 * empty / len(given):.1f}%) got an empty "
+        f"translation (more than {EMPTY_OUTPUT_LIMIT:.0%}); the likely cause is an undertrained checkpoint, such as "
+        "a run stopped inside its learning-rate warmup (`tmt train` warns when it stops there): train longer "
+        "(train.max_updates / train.max_minutes) or shorten the warmup (train.warmup), then translate again"
+    )
+
+
 def format_nbest(results: Sequence[Sequence[Translation]]) -> list[str]:
     """``index<TAB>score<TAB>text`` lines: 0-based input line index, normalized score (higher is better)."""
     return [f"{i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
@@ -297,10 +320,12 @@ def translate_file(
         overrides=overrides,
     )  # fmt: skip
     k = translator.cfg.decode.nbest
-    if k == 1:
-        out_lines = translator.translate_lines(lines)
-    else:
-        out_lines = format_nbest(translator.translate_lines_nbest(lines, nbest=k))
+    results = translator.translate_lines_nbest(lines, nbest=k)
+    best = [hyps[0].text for hyps in results]
+    out_lines = best if k == 1 else format_nbest(results)
+    _, warning = empty_outputs(lines, best)
+    if warning:
+        print(warning, file=sys.stderr)
     if output is None:
         text = "".join(line + "\n" for line in out_lines)
         stdout = getattr(sys.stdout, "buffer", None)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,9 +25,75 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def lr_function(d_model: int, warmup: int, scale: float) -> Callable[[int], float]:
-    """The schedule with the model's constants bound: ``lr_at(step)``."""
-    return functools.partial(inverse_sqrt_lr, d_model=d_model, warmup=warmup, scale=scale)
+def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
+    """The learning rate of update ``step`` (from 1), ``progress`` (0..1) of the way through the run's horizon.
+
+    ``lr = peak * min(ramp, decay)``. The ramp is ``step / warmup`` (warmup in
+    updates), or ``progress / warmup_fraction`` when the warmup is a fraction
+    of the horizon. The decay after the ramp:
+
+    - ``inverse_sqrt``: ``sqrt(warmup / step)``, or ``sqrt(warmup_fraction / progress)``:
+      with the paper's peak this is exactly eq. 3 (`inverse_sqrt_lr`);
+    - ``linear``: from the peak at the end of warmup to 0 at the end of the horizon;
+    - ``cosine``: half a cosine over the same span.
+
+    ``progress`` is the larger of ``update / max_updates`` and ``minutes /
+    max_minutes`` (see `horizon_progress`), so a run bounded by the clock
+    finishes its warmup and its decay within its budget however fast it runs.
+    """
+    if step < 1:
+        raise ValueError(f"the schedule counts updates from 1, got step {step}")
+    f = schedule.warmup_fraction
+    p = min(max(progress, 0.0), 1.0)
+    if f > 0:
+        ramp, done = p / f, p >= f
+        after = (p - f) / (1.0 - f) if f < 1.0 else 1.0
+        inv_sqrt = math.sqrt(f / p) if p > 0 else 1.0
+    else:
+        ramp, done = step / schedule.warmup, step >= schedule.warmup
+        after = p
+        inv_sqrt = math.sqrt(schedule.warmup / step)
+    if schedule.kind == "inverse_sqrt":
+        decay = inv_sqrt
+    elif schedule.kind == "linear":
+        decay = 1.0 - after if done else 1.0
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * after)) if done else 1.0
+    return schedule.peak * max(min(ramp, decay), 0.0)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run's learning-rate schedule: ``lr(step, progress)``; see `warmup_decay_lr`."""
+
+    kind: str  # inverse_sqrt (the paper), linear or cosine
+    peak: float  # lr at the end of warmup
+    warmup: int  # warmup in updates (used when warmup_fraction is 0)
+    warmup_fraction: float  # warmup as a fraction of the horizon; 0: use `warmup`
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, d_model: int) -> Schedule:
+        """``train.lr`` is the peak; 0 means the paper's ``lr_scale * (d_model * warmup)^-0.5``."""
+        peak = cfg.lr if cfg.lr > 0 else cfg.lr_scale * (d_model * cfg.warmup) ** -0.5
+        return cls(cfg.schedule, peak, cfg.warmup, cfg.warmup_fraction)
+
+    def lr(self, step: int, progress: float) -> float:
+        return warmup_decay_lr(step, progress, self)
+
+    def warming_up(self, step: int, progress: float) -> bool:
+        """Whether update ``step`` is still inside the warmup: a run stopped there has not trained at full lr."""
+        if self.warmup_fraction > 0:
+            return progress < self.warmup_fraction
+        return step < self.warmup
+
+
+def horizon_progress(update: int, minutes: float, max_updates: int, max_minutes: float) -> float:
+    """How far the run is through its budget, 0..1: the larger of the update and wall-clock fractions.
+
+    A bound of 0 is no bound. With neither bound the horizon is unknown: 0.
+    """
+    fractions = [update / max_updates if max_updates > 0 else 0.0, minutes / max_minutes if max_minutes > 0 else 0.0]
+    return min(max(fractions), 1.0)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

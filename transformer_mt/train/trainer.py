@@ -50,7 +50,7 @@ from transformer_mt.train.checkpoint import (
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
 from transformer_mt.train.run_files import RunFiles, dropout_seed, restore_rng, rng_state, write_config
-from transformer_mt.train.schedule import build_optimizer, lr_function
+from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -75,6 +75,11 @@ class Progress:
     valid_loss: float | None = None  # label-smoothed loss per target token (nats) at the last validation
     valid_update: int = -1  # update of the last validation
     nonfinite_in_row: int = 0
+    minutes: float = 0.0  # wall-clock minutes trained before this process (train.max_minutes counts them too)
+    valid_history: list[list[float]] = field(default_factory=list)  # [update, nll] of the last 3 validations
+    valid_bleu: float | None = None  # sacreBLEU at the last validation (train.valid_bleu_sentences)
+    best_valid_bleu: float = -math.inf
+    stale_validations: int = 0  # validations in a row without a new best train.best_metric (train.patience)
 
 
 @dataclass
@@ -90,6 +95,8 @@ class TrainResult:
     stop_reason: str
     too_long_train: int = 0  # training sentences left out: longer than min(max_tokens, max_positions)
     too_long_valid: int = 0  # validation sentences left out, same limit
+    best_valid_bleu: float | None = None  # best validation sacreBLEU (None without train.valid_bleu_sentences)
+    warnings: tuple[str, ...] = ()  # what the run warned about at its end (warmup, convergence), as printed
 
 
 @dataclass
@@ -120,6 +127,36 @@ class Window:
 def max_sentence_len(cfg: Config) -> int:
     """Longest sentence (tokens, EOS/BOS included) trained or validated on: it must fit a batch and the model."""
     return min(cfg.train.max_tokens, cfg.model.max_positions)
+
+
+UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from any usable translation model
+UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
+
+
+def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | None:
+    """Why a run that ends with these validations is far from converged, or None (the rule of docs/training.md).
+
+    ``history`` holds (update, validation perplexity) pairs, oldest first, the
+    last one the final validation. Far from converged: its perplexity is above
+    `UNCONVERGED_PPL`, or more than `UNCONVERGED_DROP` below that of the latest
+    validation at least ``validate_every`` updates before it (the final
+    validation may come a few updates after a periodic one, too close to see
+    a trend).
+    """
+    if not history:
+        return None
+    update, ppl = history[-1]
+    if ppl > UNCONVERGED_PPL:
+        return f"validation perplexity {ppl:.1f} is above {UNCONVERGED_PPL:g}"
+    earlier = [(u, x) for u, x in history[:-1] if u <= update - max(validate_every, 1)]
+    if earlier and ppl < (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
+        before, prev = earlier[-1]
+        return (
+            f"validation perplexity fell {100 * (1 - ppl / prev):.0f}% in the last {update - before} updates "
+            f"({prev:.2f} at update {before}, {ppl:.2f} at {update}), more than {UNCONVERGED_DROP:.0%}: "
+            "the model is still learning fast"
+        )
+    return None
 
 
 @torch.no_grad()
@@ -186,11 +223,14 @@ class Trainer:
             model, self.module, self.optimizer, scaler, env, self.precision, tc.label_smoothing, tc.clip_norm,
             tc.max_tokens, tc.update_freq,
         )  # fmt: skip
-        self.lr_at = lr_function(cfg.model.d_model, tc.warmup, tc.lr_scale)
+        self.schedule = Schedule.from_config(tc, cfg.model.d_model)
+        self.lr = 0.0  # the lr of the last update
         self.progress = Progress()
         self.last_save_update = -1
         self.start_time = self.last_save_time = time.monotonic()
         resume = self._resume()
+        self.horizon_updates = self._horizon_updates()
+        self.snapshots_done = self._snapshots_before(self._progress())
         self.files = RunFiles.open(self.save_dir, resume) if env.is_main else None
         if env.is_main:
             self._announce(vocab_size)
@@ -238,6 +278,10 @@ class Trainer:
         p.best_valid_loss = float(state.get("best_valid_loss", math.inf))
         p.valid_loss = state.get("valid_loss")
         p.valid_update = int(state.get("valid_update", -1))
+        p.minutes = float(state.get("minutes", 0.0))
+        p.valid_history = [[int(u), float(nll)] for u, nll in state.get("valid_history", [])]
+        p.valid_bleu, p.best_valid_bleu = state.get("valid_bleu"), float(state.get("best_valid_bleu", -math.inf))
+        p.stale_validations = int(state.get("stale_validations", 0))
         restore_rng(state["rng"], self.env, self.cfg.train.seed, p.update)
         self.last_save_update = p.update
         if self.env.is_main:
@@ -296,6 +340,11 @@ class Trainer:
             "best_valid_loss": p.best_valid_loss,
             "valid_loss": p.valid_loss,
             "valid_update": p.valid_update,
+            "minutes": self._minutes(),
+            "valid_history": p.valid_history,
+            "valid_bleu": p.valid_bleu,
+            "best_valid_bleu": p.best_valid_bleu,
+            "stale_validations": p.stale_validations,
         }
 
     def _save(self, best: bool = False) -> None:
@@ -311,23 +360,190 @@ class Trainer:
         barrier(self.env)
 
     def _validate(self) -> tuple[float, float]:
-        p = self.progress
+        """Loss (and BLEU) on the validation split; keep checkpoint_best.pt and the patience count up to date."""
+        p, tc = self.progress, self.cfg.train
         loss, nll = validate(self.module, self.valid_ds, self.cfg, self.env, self.precision)
+        bleu = self._valid_bleu() if tc.valid_bleu_sentences != 0 else None
         p.valid_loss, p.valid_update = loss, p.update
+        p.valid_history = [*p.valid_history, [p.update, nll]][-3:]  # enough for `unconverged`
         improved = loss < p.best_valid_loss
         p.best_valid_loss = min(p.best_valid_loss, loss)
+        if bleu is not None:
+            if tc.best_metric == "bleu":
+                improved = bleu["bleu"] > p.best_valid_bleu
+            p.valid_bleu, p.best_valid_bleu = bleu["bleu"], max(p.best_valid_bleu, bleu["bleu"])
+        p.stale_validations = 0 if improved else p.stale_validations + 1
         if self.files is not None:
             record = {"kind": "valid", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll}
-            self.files.log({**record, "ppl": perplexity(nll), "best_loss": p.best_valid_loss})
-            tqdm.write(
-                f"valid at update {p.update}: loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} "
-                f"(best {p.best_valid_loss:.4f})",
-                file=sys.stderr,
-            )
+            record.update(ppl=perplexity(nll), best_loss=p.best_valid_loss)
+            line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
+            if bleu is not None:
+                record.update(bleu, best_bleu=p.best_valid_bleu)
+                line += (
+                    f"; bleu {bleu['bleu']:.2f} (best {p.best_valid_bleu:.2f}; {bleu['bleu_sentences']} sentences, "
+                    f"{bleu['bleu_seconds']:.1f} s)"
+                )
+            if tc.patience > 0:
+                line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
+            self.files.log(record)
+            tqdm.write(f"valid at update {p.update}: {line}", file=sys.stderr)
         if improved:
             self._save(best=True)
+        if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:
+            self.stop_reason = f"patience={tc.patience}"  # run() stops after this update
         self._last_valid_nll = nll
         return loss, nll
+
+    def _valid_bleu(self) -> dict[str, Any]:
+        """sacreBLEU of the model on the first train.valid_bleu_sentences validation pairs; a collective.
+
+        Rank 0 translates (`Translator`, the model in eval mode, beam
+        train.valid_bleu_beam, the rest of the decode section) and scores
+        (`corpus_sacrebleu`, as `tmt evaluate` does); the other ranks wait and
+        receive the score, so every rank takes the same best/patience decisions.
+        """
+        from transformer_mt.decode.translate import empty_outputs
+        from transformer_mt.evaluate import corpus_sacrebleu
+
+        score = empty = seconds = 0.0
+        sentences = 0
+        error: Exception | None = None
+        if self.env.is_main:
+            start, was_training = time.monotonic(), self.module.training
+            try:
+                translator, sources, refs = self._bleu_inputs()
+                self.module.eval()  # no dropout (and no random draw): the model as `tmt translate` runs it
+                hyps = translator.translate_lines(sources)
+                score = corpus_sacrebleu(hyps, refs)["score"]
+                empty, sentences, seconds = empty_outputs(sources, hyps)[0], len(sources), time.monotonic() - start
+            except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
+                error = err
+            finally:
+                self.module.train(was_training)
+        score, empty, failed = all_reduce_sum([score, float(empty), 1.0 if error else 0.0], self.env)
+        if error is not None:
+            raise error
+        if failed:
+            raise TrainError("rank 0 could not compute the validation BLEU (its message says why)")
+        return {"bleu": score, "bleu_sentences": sentences, "empty_hypotheses": int(empty), "bleu_seconds": seconds}
+
+    def _bleu_inputs(self) -> tuple[Any, list[str], list[str]]:
+        """(translator, sources, references) of validation BLEU, built at its first use (rank 0 only).
+
+        The sentences are the first train.valid_bleu_sentences lines (-1: all)
+        of the raw ``data.valid`` files (rank 0 has just checked them in
+        `_prepare`), exactly what `tmt evaluate --src --ref` would read.
+        """
+        cached = getattr(self, "_bleu_cache", None)
+        if cached is not None:
+            return cached
+        import dataclasses
+        from itertools import islice
+
+        from transformer_mt.data.clean import InputError, read_lines
+        from transformer_mt.decode.translate import Translator
+
+        d, tc = self.cfg.data, self.cfg.train
+        limit = None if tc.valid_bleu_sentences < 0 else tc.valid_bleu_sentences
+        bpe = load_bpe(self.data_dir / "spm.model")
+        src, ref = Path(f"{d.valid}.{d.src_lang}"), Path(f"{d.valid}.{d.tgt_lang}")
+        try:
+            sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
+        except InputError as err:
+            raise TrainError(str(err)) from None
+        except OSError as err:
+            raise TrainError(f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid") from None
+        decode = dataclasses.replace(self.cfg.decode, beam_size=tc.valid_bleu_beam, nbest=1)
+        translator = Translator(self.module, bpe, dataclasses.replace(self.cfg, decode=decode), self.env.device)
+        translator.show_progress = False
+        self._bleu_cache = (translator, sources, refs)
+        return self._bleu_cache
+
+    def _final_warnings(self) -> list[tuple[str, str]]:
+        """(reason, message) for each way this run ends badly trained: inside its warmup, or far from converged."""
+        p, tc = self.progress, self.cfg.train
+        found = []
+        if self.schedule.warming_up(p.update, self._progress()):
+            if self.schedule.warmup_fraction > 0:
+                warmup = f"its warmup of the first {tc.warmup_fraction:.0%} of its budget (train.warmup_fraction)"
+            else:
+                warmup = f"its warmup of {tc.warmup} updates (train.warmup)"
+            found.append((
+                "warmup",
+                f"training stopped at update {p.update}, inside {warmup}: the learning rate never reached its peak, "
+                "so the model is barely trained and translations may be empty; train longer (train.max_updates / "
+                "train.max_minutes) or shorten the warmup (train.warmup, or train.warmup_fraction with train.lr)",
+            ))  # fmt: skip
+        why = unconverged([(int(u), perplexity(nll)) for u, nll in p.valid_history], tc.validate_every)
+        if why:
+            found.append((
+                "unconverged",
+                f"training stopped at update {p.update} far from converged: {why}; train longer "
+                "(train.max_updates / train.max_minutes): running it again with a higher limit resumes it",
+            ))  # fmt: skip
+        return found
+
+    def _warn(self, reason: str, message: str) -> None:
+        """A warning on stderr and as a ``warning`` record in metrics.jsonl (rank 0)."""
+        assert self.files is not None
+        tqdm.write(f"warning: {message}", file=sys.stderr)
+        self.files.log({"kind": "warning", "update": self.progress.update, "reason": reason, "message": message})
+
+    # -- the budget
+
+    def _minutes(self) -> float:
+        """Wall-clock minutes trained in this run, resumed processes included."""
+        return self.progress.minutes + (time.monotonic() - self.start_time) / 60
+
+    def _horizon_updates(self) -> int:
+        """The update count at which the run ends by train.max_updates or train.max_epochs (0: no such bound)."""
+        tc = self.cfg.train
+        bounds = [tc.max_updates] if tc.max_updates > 0 else []
+        if tc.max_epochs > 0:
+            per_epoch = math.ceil(len(self._epoch_batches()) / tc.update_freq)
+            bounds.append(tc.max_epochs * per_epoch)
+        return min(bounds) if bounds else 0
+
+    def _progress(self, update: int | None = None) -> float:
+        """How far through its budget the run is (0..1) after ``update`` (default: the updates done)."""
+        update = self.progress.update if update is None else update
+        return horizon_progress(update, self._minutes(), self.horizon_updates, self.cfg.train.max_minutes)
+
+    def _snapshots_before(self, progress: float) -> int:
+        """How many of the ``average_last`` snapshot points (spread over the last ``snapshot_span``) lie at or
+        before ``progress``: point i of k sits at ``1 - span + span * i / k``, the last at the end of the budget."""
+        tc = self.cfg.train
+        if tc.snapshot_span <= 0:
+            return 0
+        k = tc.average_last
+        return sum(1 for i in range(1, k + 1) if progress >= 1.0 - tc.snapshot_span + tc.snapshot_span * i / k)
+
+    def _snapshot_due(self) -> bool:
+        """Whether the update just taken crossed the next snapshot point (a checkpoint for averaging)."""
+        reached = self._snapshots_before(self._progress())
+        due, self.snapshots_done = reached > self.snapshots_done, max(reached, self.snapshots_done)
+        return due
+
+    def _bound(self) -> str:
+        """The budget that ends this run first, as a user would write it."""
+        tc = self.cfg.train
+        by_time = tc.max_minutes > 0 and (
+            not self.horizon_updates or self._minutes() / tc.max_minutes >= self.progress.update / self.horizon_updates
+        )
+        if by_time:
+            return f"max_minutes={tc.max_minutes:g}"
+        if tc.max_updates > 0 and self.horizon_updates == tc.max_updates:
+            return f"max_updates={tc.max_updates}"
+        return f"max_epochs={tc.max_epochs}" if tc.max_epochs > 0 else "no bound"
+
+    def _time_left(self) -> str:
+        """An estimate of the wall-clock time to the end of the budget, from this run's pace so far."""
+        progress, minutes = self._progress(), self._minutes()
+        if progress <= 0:
+            return "?"
+        seconds = round(max(minutes / progress - minutes, 0.0) * 60)
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
     # -- the loop
 
@@ -348,6 +564,9 @@ class Trainer:
     def _updates(self) -> Iterator[list[np.ndarray]]:
         """This rank's batch groups, one per update, from the saved position on; ends when an epoch limit is hit."""
         p, tc = self.progress, self.cfg.train
+        if tc.patience > 0 and p.stale_validations >= tc.patience:  # resumed after patience had stopped it
+            self.stop_reason = f"patience={tc.patience}"
+            return
         while True:
             batches = self._epoch_batches()
             while p.batch_in_epoch < len(batches):
@@ -361,7 +580,7 @@ class Trainer:
     def _time_flags(self) -> tuple[bool, bool]:
         """(stop, save) by the wall clock, agreed by all ranks (any rank's clock can trigger)."""
         tc, now = self.cfg.train, time.monotonic()
-        stop = tc.max_minutes > 0 and now - self.start_time >= tc.max_minutes * 60
+        stop = tc.max_minutes > 0 and self._minutes() >= tc.max_minutes
         save = tc.save_every_minutes > 0 and now - self.last_save_time >= tc.save_every_minutes * 60
         stop_n, save_n = all_reduce_sum([float(stop), float(save)], self.env)
         return stop_n > 0, save_n > 0
@@ -375,7 +594,7 @@ class Trainer:
         # no bar there; _log_train prints a plain line every train.log_every updates instead.
         self.log_lines = not sys.stderr.isatty()
         bar = tqdm(
-            total=tc.max_updates or None, initial=p.update, disable=not self.env.is_main or self.log_lines,
+            total=self.horizon_updates or None, initial=p.update, disable=not self.env.is_main or self.log_lines,
             file=sys.stderr, unit="upd", dynamic_ncols=True, desc="train",
         )  # fmt: skip
         window = Window()
@@ -385,12 +604,15 @@ class Trainer:
             for group in self._updates():
                 batches = [collate(self.train_ds, idx) if len(idx) else None for idx in group]
                 stats = accumulate_gradients(self.step, batches)
-                stats = apply_gradients(self.step, stats, self.lr_at(p.update + 1))
+                self.lr = self.schedule.lr(p.update + 1, self._progress(p.update + 1))
+                stats = apply_gradients(self.step, stats, self.lr)
                 p.batch_in_epoch += len(group)
                 self._after_update(stats, window, bar)
                 time_stop, time_save = self._time_flags()
                 if stats.stepped and (
-                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0) or time_save
+                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0)
+                    or time_save
+                    or self._snapshot_due()
                 ):
                     self._save()
                 if tc.max_updates > 0 and p.update >= tc.max_updates:
@@ -417,7 +639,8 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(
                 loss=f"{window.loss / tokens:.3f}", ppl=f"{perplexity(window.nll / tokens):.1f}",
-                lr=f"{self.lr_at(p.update):.2e}", tok_s=f"{window.tokens / seconds:,.0f}", refresh=False,
+                lr=f"{self.lr:.2e}", tok_s=f"{window.tokens / seconds:,.0f}", left=self._time_left(),
+                refresh=False,
             )  # fmt: skip
             if p.update % tc.log_every == 0:
                 self._log_train(window, seconds)
@@ -436,18 +659,20 @@ class Trainer:
             "loss": window.loss / tokens,
             "nll": window.nll / tokens,
             "ppl": perplexity(window.nll / tokens),
-            "lr": self.lr_at(p.update),
+            "lr": self.lr,
             "gnorm": window.gnorm / updates,
             "tgt_tokens_per_update": window.tokens / updates,
             "tgt_tokens_per_s": window.tokens / seconds,
-            "minutes": (time.monotonic() - self.start_time) / 60,
+            "minutes": self._minutes(),
+            "progress": self._progress(),
         }
         self.files.log(record)
         if self.log_lines:
-            total = f"/{self.cfg.train.max_updates}" if self.cfg.train.max_updates else ""
+            total = f"/{self.horizon_updates}" if self.horizon_updates else ""
             tqdm.write(
                 f"train update {p.update}{total} epoch {p.epoch}: loss {record['loss']:.4f} ppl {record['ppl']:.2f} "
-                f"lr {record['lr']:.2e} tgt tok/s {record['tgt_tokens_per_s']:,.0f} ({record['minutes']:.1f} min)",
+                f"lr {record['lr']:.2e} tgt tok/s {record['tgt_tokens_per_s']:,.0f} ({record['minutes']:.1f} min, "
+                f"{self._bound()}, {self._time_left()} left)",
                 file=sys.stderr,
             )
 
@@ -481,16 +706,22 @@ class Trainer:
             _, nll = self._validate()
         if self.last_save_update != p.update:
             self._save()
+        warnings = self._final_warnings()
         if self.files is not None:
+            bleu = f", valid bleu {p.valid_bleu:.2f} (best {p.best_valid_bleu:.2f})" if p.valid_bleu is not None else ""
             tqdm.write(
                 f"done at update {p.update}, epoch {p.epoch} ({self.stop_reason}); valid loss {p.valid_loss:.4f}, "
-                f"best {p.best_valid_loss:.4f}; checkpoints in {self.save_dir}",
+                f"best {p.best_valid_loss:.4f}{bleu}; checkpoints in {self.save_dir}",
                 file=sys.stderr,
             )
+            for reason, message in warnings:
+                self._warn(reason, message)
             self.files.close()
         return TrainResult(
             p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason,
             self.too_long["train"], self.too_long["valid"],
+            best_valid_bleu=p.best_valid_bleu if p.valid_bleu is not None else None,
+            warnings=tuple(message for _, message in warnings),
         )  # fmt: skip
 
 
