@@ -164,5 +164,36 @@ def test_multi30k_config_matches_the_benchmark_recipe():
     assert cfg.bpe.vocab_size == 8000
     m = cfg.model
     assert (m.d_model, m.encoder_layers, m.decoder_layers, m.heads, m.d_ff) == (256, 3, 3, 4, 1024)
-    assert (cfg.train.max_tokens, cfg.train.update_freq, cfg.train.warmup) == (4096, 1, 1000)
-    assert cfg.train.save_dir == "runs/multi30k"
+    t = cfg.train
+    assert (t.max_tokens, t.update_freq, t.schedule, t.lr, t.warmup_fraction) == (4096, 1, "linear", 1e-3, 0.1)
+    assert (t.max_minutes, t.snapshot_span, t.average_last) == (20, 0.1, 5)
+    assert t.save_dir == "runs/multi30k"
+
+
+def test_fairseq_replay_config_is_the_published_recipe():
+    """configs/multi30k_fairseq.yaml: raw data, peak 1e-3 after 80 updates, inverse sqrt, fairseq's length penalty."""
+    from transformer_mt.train.schedule import Schedule
+
+    cfg = load_config(CONFIGS / "multi30k_fairseq.yaml")
+    assert cfg.data.max_ratio >= 1000 and cfg.data.max_len >= 1000 and cfg.bpe.vocab_size == 8000
+    m, t = cfg.model, cfg.train
+    assert (m.d_model, m.encoder_layers, m.heads, m.d_ff, m.dropout, m.init) == (256, 3, 4, 1024, 0.1, "fairseq")
+    sched = Schedule.from_config(t, m.d_model)
+    assert sched.lr(80, 0.0) == pytest.approx(1e-3, rel=1e-3)
+    assert sched.lr(320, 0.0) == pytest.approx(1e-3 * (80 / 320) ** 0.5, rel=1e-3)
+    assert (t.max_tokens, t.save_every_updates, t.max_minutes, t.average_last) == (4096, 50, 20, 5)
+    assert (cfg.decode.beam_size, cfg.decode.len_penalty_form) == (4, "fairseq")
+
+
+@pytest.mark.parametrize("name", ["base", "big"])
+def test_paper_configs_keep_every_deviation_off(name):
+    cfg = load_config(Path(__file__).parent.parent / "configs" / f"{name}.yaml")
+    m, t, d = cfg.model, cfg.train, cfg.decode
+    assert (m.norm, m.positions, m.attention_dropout, m.activation_dropout, m.share_embeddings) == (
+        "post", "sinusoidal", 0.0, 0.0, True,
+    )  # fmt: skip
+    assert (t.schedule, t.lr, t.lr_scale, t.warmup, t.warmup_fraction, t.snapshot_span) == (
+        "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0,
+    )  # fmt: skip
+    assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
+    assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b) == (4, 0.6, "gnmt", 50)
