@@ -166,7 +166,7 @@ def test_multi30k_config_matches_the_benchmark_recipe():
     assert (m.d_model, m.encoder_layers, m.decoder_layers, m.heads, m.d_ff) == (256, 3, 3, 4, 1024)
     t = cfg.train
     assert (t.max_tokens, t.update_freq, t.schedule, t.lr, t.warmup_fraction) == (4096, 1, "linear", 1e-3, 0.1)
-    assert (t.max_minutes, t.snapshot_span, t.average_last) == (20, 0.1, 5)
+    assert (t.max_minutes, t.snapshot_span, t.average_last, t.decay_fraction) == (20, 0.1, 5, 0.3)
     assert t.save_dir == "runs/multi30k"
 
 
@@ -192,8 +192,8 @@ def test_paper_configs_keep_every_deviation_off(name):
     assert (m.norm, m.positions, m.attention_dropout, m.activation_dropout, m.share_embeddings) == (
         "post", "sinusoidal", 0.0, 0.0, True,
     )  # fmt: skip
-    assert (t.schedule, t.lr, t.lr_scale, t.warmup, t.warmup_fraction, t.snapshot_span) == (
-        "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0,
+    assert (t.schedule, t.lr, t.lr_scale, t.warmup, t.warmup_fraction, t.decay_fraction, t.snapshot_span) == (
+        "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0, 0.0,
     )  # fmt: skip
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b) == (4, 0.6, "gnmt", 50)

@@ -76,6 +76,18 @@ def test_decay_with_warmup_in_updates_ends_at_zero_with_the_budget(kind):
     assert sched.lr(100, 1.0) == pytest.approx(0.0, abs=1e-18)
 
 
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+@pytest.mark.parametrize("progress", [0.02, 0.1, 0.5, 0.7, 0.75, 0.85, 0.94, 1.0])
+def test_decay_fraction_holds_the_peak_then_decays_over_the_end(kind, progress):
+    """Warmup-stable-decay: ramp over 10%, the peak until 70%, then decay to 0 over the last 30% of the budget."""
+    f, d, peak = 0.1, 0.3, 1e-3
+    sched = Schedule.from_config(TrainConfig(schedule=kind, lr=peak, warmup_fraction=f, decay_fraction=d), 256)
+    t = max(progress - (1 - d), 0.0) / d
+    decay = 1 - t if kind == "linear" else 0.5 * (1 + math.cos(math.pi * t))
+    expected = peak * min(progress / f, decay)
+    assert sched.lr(7, progress) == pytest.approx(expected, rel=1e-12, abs=1e-18)
+
+
 def test_progress_is_the_bound_reached_first():
     assert horizon_progress(50, 1.0, 100, 0) == 0.5
     assert horizon_progress(50, 15.0, 100, 20) == 0.75  # the clock is ahead of the update count
@@ -91,6 +103,8 @@ def test_schedule_keys_are_checked(tmp_path):
         load_config(overrides=["train.warmup_fraction=1.5", "train.lr=0.001"])
     with pytest.raises(ConfigError, match="lr_scale"):
         load_config(overrides=["train.lr=0.001", "train.lr_scale=0.5"])
+    with pytest.raises(ConfigError, match="decay_fraction"):
+        load_config(overrides=["train.decay_fraction=0.2"])  # inverse_sqrt has no end to decay to
     with pytest.raises(ConfigError, match="snapshot_span"):
         load_config(overrides=["train.snapshot_span=-0.1"])
     with pytest.raises(ConfigError, match="'linear'"):

@@ -94,6 +94,7 @@ class TrainConfig:
     schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"  # decay after warmup; paper: inverse_sqrt
     lr: float = 0.0  # deviation: the peak lr itself; 0 keeps the paper's lr_scale * d_model^-0.5 * warmup^-0.5
     warmup_fraction: float = 0.0  # deviation: warmup as a fraction of the run's budget instead of `warmup` updates
+    decay_fraction: float = 0.0  # deviation: linear/cosine hold the peak and decay over this last fraction only
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -339,7 +340,12 @@ def _validate_validation(tc: TrainConfig) -> None:
 
 
 def _validate_schedule(tc: TrainConfig) -> None:
-    for key, value in {"train.warmup_fraction": tc.warmup_fraction, "train.snapshot_span": tc.snapshot_span}.items():
+    fractions = {
+        "train.warmup_fraction": tc.warmup_fraction,
+        "train.decay_fraction": tc.decay_fraction,
+        "train.snapshot_span": tc.snapshot_span,
+    }
+    for key, value in fractions.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {value}")
     if tc.lr < 0:
@@ -349,6 +355,8 @@ def _validate_schedule(tc: TrainConfig) -> None:
             f"train.lr={tc.lr} sets the peak learning rate itself, so train.lr_scale={tc.lr_scale} would be ignored; "
             "set train.lr_scale=1.0 (or train.lr=0 to scale the paper's schedule)"
         )
+    if tc.decay_fraction > 0 and tc.schedule == "inverse_sqrt":
+        raise ConfigError("train.decay_fraction applies to train.schedule=linear or cosine, not inverse_sqrt")
     if tc.warmup_fraction > 0 and tc.lr == 0:
         raise ConfigError(
             "train.warmup_fraction needs a peak learning rate: the paper's peak depends on train.warmup in updates; "

@@ -37,6 +37,11 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
     - ``linear``: from the peak at the end of warmup to 0 at the end of the horizon;
     - ``cosine``: half a cosine over the same span.
 
+    With ``decay_fraction`` d > 0, ``linear`` and ``cosine`` hold the peak
+    after warmup and decay only over the last d of the horizon
+    (warmup-stable-decay): a short run learns at the full rate for longest and
+    still ends annealed.
+
     ``progress`` is the larger of ``update / max_updates`` and ``minutes /
     max_minutes`` (see `horizon_progress`), so a run bounded by the clock
     finishes its warmup and its decay within its budget however fast it runs.
@@ -53,6 +58,9 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
         ramp, done = step / schedule.warmup, step >= schedule.warmup
         after = p
         inv_sqrt = math.sqrt(schedule.warmup / step)
+    if schedule.decay_fraction > 0:  # hold the peak, then decay over the last decay_fraction of the budget only
+        d = schedule.decay_fraction
+        after, done = max(p - (1.0 - d), 0.0) / d, True
     if schedule.kind == "inverse_sqrt":
         decay = inv_sqrt
     elif schedule.kind == "linear":
@@ -70,12 +78,13 @@ class Schedule:
     peak: float  # lr at the end of warmup
     warmup: int  # warmup in updates (used when warmup_fraction is 0)
     warmup_fraction: float  # warmup as a fraction of the horizon; 0: use `warmup`
+    decay_fraction: float = 0.0  # linear/cosine: decay over this last fraction of the horizon only; 0: all after warmup
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, d_model: int) -> Schedule:
         """``train.lr`` is the peak; 0 means the paper's ``lr_scale * (d_model * warmup)^-0.5``."""
         peak = cfg.lr if cfg.lr > 0 else cfg.lr_scale * (d_model * cfg.warmup) ** -0.5
-        return cls(cfg.schedule, peak, cfg.warmup, cfg.warmup_fraction)
+        return cls(cfg.schedule, peak, cfg.warmup, cfg.warmup_fraction, cfg.decay_fraction)
 
     def lr(self, step: int, progress: float) -> float:
         return warmup_decay_lr(step, progress, self)
