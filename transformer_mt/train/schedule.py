@@ -1,4 +1,4 @@
-"""The paper's learning-rate schedule (Vaswani et al., 2017, eq. 3) and the optimizer it drives."""
+"""Learning-rate schedules: the paper's (Vaswani et al., 2017, eq. 3) and budget-aware variants, and the optimizer."""
 
 from __future__ import annotations
 
