@@ -57,29 +57,28 @@ def score(checkpoint: Path, out: Path, splits: list[str]) -> dict[str, float]:
         scores = evaluate_checkpoint(
             [checkpoint], src=f"{DATA}/{split}.en", ref=f"{DATA}/{split}.de", output=out / f"eval_{split}"
         )
-        result[split] = round(scores["sacrebleu"]["score"], 2)
         sacre = scores["sacrebleu"]
+        result[split] = round(sacre["score"], 2)
         result[f"{split}_ratio"] = round(sacre["hyp_len"] / max(sacre["ref_len"], 1), 3)
     return result
 
 
-def checkpoints_to_score(run: Path, recipe: str, minutes: float) -> dict[str, Path]:
-    """What to score: the last checkpoint, plus (for the fixed fairseq schedule) the intermediate ones."""
+def checkpoints_to_score(run: Path, recipe: str, minutes: float) -> dict[str, tuple[Path, float | None]]:
+    """Row name -> (checkpoint, fairseq's figure for the same point): the last checkpoint, plus (for the fixed
+    fairseq schedule) those at fairseq's update counts and at its minute marks."""
     ckpts = {checkpoint_update(p): p for p in list_checkpoints(run)}
     last = max(ckpts)
-    chosen = {f"update {last} (last)": ckpts[last]}
+    chosen = {f"update {last} (last)": (ckpts[last], FAIRSEQ_BY_MINUTE.get(round(minutes)))}
     if recipe != "fairseq":
         return chosen
-    for update in FAIRSEQ_BY_UPDATE:
+    for update, figure in FAIRSEQ_BY_UPDATE.items():
         if update in ckpts and update != last:
-            chosen[f"update {update}"] = ckpts[update]
+            chosen[f"update {update}"] = (ckpts[update], figure)
     by_minutes = {u: float(load_checkpoint(p).get("minutes", 0.0)) for u, p in ckpts.items()}
-    for mark in FAIRSEQ_BY_MINUTE:
-        if mark < minutes:
-            before = [u for u, m in by_minutes.items() if m <= mark]
-            if before:
-                u = max(before)
-                chosen[f"{mark} min (update {u})"] = ckpts[u]
+    for mark, figure in FAIRSEQ_BY_MINUTE.items():
+        before = [u for u, m in by_minutes.items() if m <= mark]
+        if mark < minutes and before:
+            chosen[f"{mark} min (update {max(before)})"] = (ckpts[max(before)], figure)
     return chosen
 
 
@@ -109,15 +108,16 @@ def main() -> None:
     train_minutes = (time.monotonic() - start) / 60
 
     rows: dict[str, dict[str, float]] = {}
-    for name, path in checkpoints_to_score(run, args.recipe, args.minutes).items():
-        rows[name] = score(path, run / f"eval_u{checkpoint_update(path)}", args.splits)
+    peer: dict[str, float | None] = {}
+    for name, (path, figure) in checkpoints_to_score(run, args.recipe, args.minutes).items():
+        rows[name], peer[name] = score(path, run / f"eval_u{checkpoint_update(path)}", args.splits), figure
     k = cfg.train.average_last
     averaged = last_checkpoints(run, k)
     average_checkpoints(averaged, run / "average.pt")
     names = ", ".join(str(checkpoint_update(p)) for p in averaged)
-    rows[f"average of the last {len(averaged)} ({names})"] = score(
-        run / "average.pt", run / "eval_average", args.splits
-    )
+    name = f"average of the last {len(averaged)} ({names})"
+    rows[name] = score(run / "average.pt", run / "eval_average", args.splits)
+    peer[name] = FAIRSEQ_AVERAGE_20_MIN if round(args.minutes) == 20 else None
 
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_lines = [m for m in metrics if m["kind"] == "train"]
@@ -135,18 +135,7 @@ def main() -> None:
     print("| --- | " + " | ".join("---" for _ in args.splits) + " | --- |")
     for name, scores in rows.items():
         cells = " | ".join(f"{scores[s]:.1f} ({scores[s + '_ratio']:.2f})" for s in args.splits)
-        print(f"| {name} | {cells} | {fairseq_figure(name, args.minutes)} |")
-
-
-def fairseq_figure(name: str, minutes: float) -> str:
-    """fairseq's published test2016 figure for the same point of the race, where there is one."""
-    if name.startswith("average"):
-        return f"{FAIRSEQ_AVERAGE_20_MIN}" if round(minutes) == 20 else ""
-    if name.startswith("update") and "(last)" not in name:
-        return str(FAIRSEQ_BY_UPDATE.get(int(name.split()[1]), ""))
-    if "min (update" in name:
-        return str(FAIRSEQ_BY_MINUTE.get(int(name.split()[0]), ""))
-    return str(FAIRSEQ_BY_MINUTE.get(round(minutes), ""))
+        print(f"| {name} | {cells} | {'' if peer[name] is None else peer[name]} |")
 
 
 if __name__ == "__main__":

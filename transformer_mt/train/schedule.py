@@ -48,25 +48,20 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
     """
     if step < 1:
         raise ValueError(f"the schedule counts updates from 1, got step {step}")
-    f = schedule.warmup_fraction
+    f, d = schedule.warmup_fraction, schedule.decay_fraction
     p = min(max(progress, 0.0), 1.0)
-    if f > 0:
-        ramp, done = p / f, p >= f
-        after = (p - f) / (1.0 - f) if f < 1.0 else 1.0
-        inv_sqrt = math.sqrt(f / p) if p > 0 else 1.0
-    else:
-        ramp, done = step / schedule.warmup, step >= schedule.warmup
-        after = p
-        inv_sqrt = math.sqrt(schedule.warmup / step)
-    if schedule.decay_fraction > 0:  # hold the peak, then decay over the last decay_fraction of the budget only
-        d = schedule.decay_fraction
-        after, done = max(p - (1.0 - d), 0.0) / d, True
+    ramp = p / f if f > 0 else step / schedule.warmup
     if schedule.kind == "inverse_sqrt":
-        decay = inv_sqrt
-    elif schedule.kind == "linear":
-        decay = 1.0 - after if done else 1.0
+        decay = (math.sqrt(f / p) if p > 0 else 1.0) if f > 0 else math.sqrt(schedule.warmup / step)
     else:
-        decay = 0.5 * (1.0 + math.cos(math.pi * after)) if done else 1.0
+        # t: how much of the decay span (0..1) lies behind; 0 while warming up or holding the peak
+        if d > 0:
+            t = max(p - (1.0 - d), 0.0) / d
+        elif f > 0:
+            t = max(p - f, 0.0) / (1.0 - f)
+        else:
+            t = p if step >= schedule.warmup else 0.0
+        decay = 1.0 - t if schedule.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
     return schedule.peak * max(min(ramp, decay), 0.0)
 
 

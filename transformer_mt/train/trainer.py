@@ -231,6 +231,7 @@ class Trainer:
         resume = self._resume()
         self.horizon_updates = self._horizon_updates()
         self.snapshots_done = self._snapshots_before(self._progress())
+        self._bleu_cache: tuple[Any, list[str], list[str]] | None = None  # built at the first validation BLEU
         self.files = RunFiles.open(self.save_dir, resume) if env.is_main else None
         if env.is_main:
             self._announce(vocab_size)
@@ -434,9 +435,8 @@ class Trainer:
         of the raw ``data.valid`` files (rank 0 has just checked them in
         `_prepare`), exactly what `tmt evaluate --src --ref` would read.
         """
-        cached = getattr(self, "_bleu_cache", None)
-        if cached is not None:
-            return cached
+        if self._bleu_cache is not None:
+            return self._bleu_cache
         import dataclasses
         from itertools import islice
 
@@ -609,10 +609,9 @@ class Trainer:
                 p.batch_in_epoch += len(group)
                 self._after_update(stats, window, bar)
                 time_stop, time_save = self._time_flags()
+                snapshot = self._snapshot_due()  # always: it advances the snapshot count even when a save is due anyway
                 if stats.stepped and (
-                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0)
-                    or time_save
-                    or self._snapshot_due()
+                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0) or time_save or snapshot
                 ):
                     self._save()
                 if tc.max_updates > 0 and p.update >= tc.max_updates:
