@@ -1,8 +1,10 @@
 import os
+import re
 
 import pytest
 
-from transformer_mt.files import atomic_path, atomic_write_bytes, atomic_write_text
+from transformer_mt import files
+from transformer_mt.files import atomic_open, atomic_path, atomic_write_bytes, atomic_write_text, remove_leftovers
 
 
 def test_write_text_and_bytes(tmp_path):
@@ -47,3 +49,52 @@ def test_failure_keeps_the_existing_target(tmp_path):
         raise ValueError("boom")
     assert path.read_bytes() == b"complete"
     assert os.listdir(tmp_path) == ["keep.txt"]
+
+
+def test_temporary_names_are_random_and_never_follow_a_planted_link(tmp_path, monkeypatch):
+    """A link planted under the next temporary name is refused (O_EXCL), left alone, and another name is drawn."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    names = iter(["0" * 16, "1" * 16])
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(names))
+    planted = run / f".out.txt.{'0' * 16}.tmp"
+    planted.symlink_to(outside)
+    atomic_write_text(run / "out.txt", "mine")
+    assert outside.read_text(encoding="utf-8") == "precious"
+    assert planted.is_symlink() and (run / "out.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_atomic_open_streams_text_and_binary(tmp_path):
+    with atomic_open(tmp_path / "a.txt", "w", encoding="utf-8") as f:
+        f.write("één\r\n")
+        assert not (tmp_path / "a.txt").exists()
+    with pytest.raises(KeyboardInterrupt), atomic_open(tmp_path / "b.bin") as f:
+        f.write(b"half")
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["a.txt"]
+    assert (tmp_path / "a.txt").read_bytes() == "één\r\n".encode()
+
+
+def test_remove_leftovers_takes_only_the_owned_pattern_in_that_directory(tmp_path):
+    owned = re.compile(r"checkpoint_u\d+\.pt")
+    ours = [
+        tmp_path / ".checkpoint_u0000010.pt.0123abcd.tmp",
+        tmp_path / ".checkpoint_u0000020.pt.0123456789abcdef.tmp",
+    ]
+    others = [
+        tmp_path / ".average.pt.0123abcd.tmp",  # another writer's target
+        tmp_path / "checkpoint_u0000010.pt",  # a real checkpoint
+        tmp_path / ".checkpoint_u0000010.pt.tmp",  # not our pattern
+        tmp_path / "sub" / ".checkpoint_u0000030.pt.0123abcd.tmp",  # below the directory
+    ]
+    for path in ours + others:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    link = tmp_path / ".checkpoint_u0000040.pt.0123abcd.tmp"
+    link.symlink_to(outside)
+    assert remove_leftovers(tmp_path, owned) == sorted([*ours, link])
+    assert all(p.exists() for p in others) and outside.read_bytes() == b"keep"

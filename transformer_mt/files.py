@@ -5,28 +5,63 @@ manifests, corpora, translations) is written to a temporary file in the same
 directory, fsync'ed and then renamed over the target with ``os.replace``. A
 reader therefore sees either the old file or the whole new one, never half of
 one; on any error the temporary file is removed and the old target is kept.
+
+Temporary names are ``.<target name>.<16 random hex digits>.tmp``, created
+with ``O_CREAT | O_EXCL | O_NOFOLLOW``: a file or a symbolic link planted
+under a predictable name can never make a write land somewhere else. A process
+killed mid-write leaves its temporary file behind; `remove_leftovers` deletes
+those of names the caller owns.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
+
+_TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8,}\.tmp$")  # 8 hex digits: names written before 16
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Yield a file open on a new temporary file beside ``path``; on success fsync it and rename it over ``path``.
+
+    ``mode`` is "wb" or "w" (text is written with '\\n' line ends). The file is
+    opened from the descriptor that created it, so nothing can swap a link in
+    between. On any exception (KeyboardInterrupt included) the temporary file
+    is removed and the exception propagates; the old ``path`` is kept.
+    """
+    path = Path(path)
+    fd, tmp = _create_temp(path)
+    try:
+        with open(fd, mode, encoding=encoding, newline="\n" if "b" not in mode else None) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``.
+    """Yield the path of a new temporary file beside ``path``; on success fsync it and rename it over ``path``.
 
-    The caller opens and writes the temporary path itself, so large outputs
-    stay streamed. It lives in the same directory because ``os.replace`` is
-    only atomic within one file system. On any exception (KeyboardInterrupt
-    included) the temporary file is removed and the exception propagates.
+    For writers that insist on a path rather than a file object. The file is
+    created (exclusively, under a random name) before it is yielded; the caller
+    reopens it by name. Prefer `atomic_open` where a file object will do. On
+    any exception the temporary file is removed and the exception propagates.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd, tmp = _create_temp(path)
+    os.close(fd)
     try:
         yield tmp
         _fsync_file(tmp)
@@ -39,14 +74,46 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` as UTF-8 with '\\n' line ends to ``path``, whole or not at all."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(text)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path``, whole or not at all."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         f.write(data)
+
+
+def remove_leftovers(directory: str | Path, owned: re.Pattern[str]) -> list[Path]:
+    """Delete the temporary files that killed writers left in ``directory``, for targets ``owned`` matches whole.
+
+    Only this module's pattern (``.<target>.<hex>.tmp``) in ``directory``
+    itself, never below it; a link is removed, never followed. Call it only
+    where no other live process writes those targets (e.g. under a lock).
+    Returns the deleted paths.
+    """
+    removed = []
+    for path in Path(directory).iterdir():
+        match = _TEMP_RE.match(path.name)
+        if match and owned.fullmatch(match.group("target")) and not path.is_dir():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return sorted(removed)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path`` and its write descriptor: never an existing file.
+
+    ``O_EXCL`` refuses any name that exists, a dangling link included, and
+    ``O_NOFOLLOW`` any link; a clash of 64 random bits is simply retried.
+    """
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, _CREATE_FLAGS, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: could not create a temporary file for {path.name} (100 names taken)")
 
 
 def _fsync_file(path: Path) -> None:
