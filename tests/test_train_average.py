@@ -128,6 +128,23 @@ def test_last_checkpoints(tmp_path, capsys):
         last_checkpoints(best_only, 3)
 
 
+def test_last_checkpoints_passes_over_unreadable_files(tmp_path, capsys):
+    """--last 2 with the newest file truncated: the two newest readable ones are averaged, the bad one named."""
+    for u in (10, 20, 30):
+        _ckpt(tmp_path / checkpoint_name(u), u, _model(u))
+    bad = tmp_path / checkpoint_name(30)
+    bad.write_bytes(bad.read_bytes()[:300])
+    assert last_checkpoints(tmp_path, 2) == [tmp_path / checkpoint_name(u) for u in (10, 20)]
+    assert f"skipping {bad}" in capsys.readouterr().err
+    result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "2"])
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(tmp_path / "average.pt")["update"] == 20
+    for u in (10, 20):
+        (tmp_path / checkpoint_name(u)).write_bytes(b"")
+    with pytest.raises(AverageError, match="no readable checkpoint_u"):
+        last_checkpoints(tmp_path, 2)
+
+
 def test_cli_average(tmp_path):
     for u in (10, 20, 30):
         _ckpt(tmp_path / checkpoint_name(u), u, _model(u))

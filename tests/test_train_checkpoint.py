@@ -136,10 +136,35 @@ def test_resume_skips_corrupt_newest(tmp_path, capsys):
 
 def test_prune_keeps_newest(tmp_path):
     for u in range(1, 8):
-        (tmp_path / checkpoint_name(u * 10)).write_bytes(b"x")
+        save_checkpoint(tmp_path / checkpoint_name(u * 10), _state(u * 10))
     (tmp_path / "checkpoint_best.pt").write_bytes(b"x")
     deleted = prune_checkpoints(tmp_path, 3)
     assert len(deleted) == 4
     assert [ck.checkpoint_update(p) for p in list_checkpoints(tmp_path)] == [50, 60, 70]
     assert (tmp_path / "checkpoint_best.pt").exists()
     assert prune_checkpoints(tmp_path, 0) == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_an_unreadable_checkpoint_never_counts_toward_keep_last(tmp_path, capsys, damage):
+    """keep_last 2 with the newest file damaged: the two newest good ones stay, the damaged one stays, warned about."""
+    for u in (10, 20, 30, 40):
+        save_checkpoint(tmp_path / checkpoint_name(u), _state(u))
+    bad = tmp_path / checkpoint_name(40)
+    data = bad.read_bytes()
+    bad.write_bytes({"truncate": data[: len(data) // 2], "garbage": os.urandom(2000), "empty": b""}[damage])
+    assert ck.checkpoint_problem(bad) and ck.checkpoint_problem(tmp_path / checkpoint_name(30)) is None
+    assert prune_checkpoints(tmp_path, 2) == [tmp_path / checkpoint_name(10)]
+    assert [ck.checkpoint_update(p) for p in list_checkpoints(tmp_path)] == [20, 30, 40]
+    assert f"skipping {bad}: not a readable checkpoint" in capsys.readouterr().err
+    save_checkpoint(tmp_path / checkpoint_name(50), _state(50))
+    save_checkpoint(tmp_path / checkpoint_name(60), _state(60))
+    prune_checkpoints(tmp_path, 2)  # the damaged file is now older than every kept one: it goes with them
+    assert [ck.checkpoint_update(p) for p in list_checkpoints(tmp_path)] == [50, 60]
+
+
+def test_prune_deletes_nothing_while_too_few_readable_checkpoints_exist(tmp_path):
+    save_checkpoint(tmp_path / checkpoint_name(10), _state(10))
+    (tmp_path / checkpoint_name(20)).write_bytes(b"x")
+    assert prune_checkpoints(tmp_path, 2) == []
+    assert len(list_checkpoints(tmp_path)) == 2

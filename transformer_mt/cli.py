@@ -168,7 +168,9 @@ def average(
     run_dir: Annotated[Path | None, typer.Argument(help="Run directory holding checkpoints.")] = None,
     last: Annotated[
         int | None,
-        typer.Option("--last", help="Average the newest K checkpoints by update (default: train.average_last)."),
+        typer.Option(
+            "--last", help="Average the newest K readable checkpoints by update (default: train.average_last)."
+        ),
     ] = None,
     inputs: Annotated[
         list[Path] | None, typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")

@@ -20,6 +20,7 @@ from transformer_mt.train.checkpoint import (
     checkpoint_update,
     list_checkpoints,
     load_checkpoint,
+    newest_readable,
     save_checkpoint,
 )
 
@@ -29,24 +30,28 @@ class AverageError(RuntimeError):
 
 
 def last_checkpoints(run_dir: str | Path, k: int) -> list[Path]:
-    """The newest ``k`` periodic checkpoints of a run by update number, oldest first.
+    """The newest ``k`` readable periodic checkpoints of a run by update number, oldest first.
 
-    Never the best or averaged files. Fewer than ``k`` available: all of them, with a warning.
+    Never the best or averaged files; an unreadable file is passed over with a
+    warning naming it, and the next older one taken instead. Fewer than ``k``
+    readable: all of them, with a warning.
     """
     if k < 1:
         raise AverageError(f"--last must be at least 1, got {k}")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise AverageError(f"{run_dir}: no such run directory")
-    found = list_checkpoints(run_dir)
-    if not found:
+    if not list_checkpoints(run_dir):
         raise AverageError(f"{run_dir}: no checkpoint_u*.pt files to average; has `tmt train` written any yet?")
+    found = newest_readable(run_dir, k)
+    if not found:
+        raise AverageError(f"{run_dir}: no readable checkpoint_u*.pt file (see the warnings above); nothing to average")
     if len(found) < k:
         print(
-            f"warning: {run_dir} holds {len(found)} checkpoints, fewer than --last {k}; averaging all of them",
+            f"warning: {run_dir} holds {len(found)} readable checkpoints, fewer than --last {k}; averaging all of them",
             file=sys.stderr,
         )
-    return found[-k:]
+    return found
 
 
 def default_last(run_dir: str | Path) -> int:
