@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -66,3 +69,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """Call it for a free TCP port on localhost: the rendezvous of a process group that a test spawns."""
+    return _free_port

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -88,15 +87,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_two_process_gloo_equals_one_process_on_union(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+def test_two_process_gloo_equals_one_process_on_union(tmp_path, free_port):
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
 
     torch.manual_seed(0)
     module = Transformer(MODEL, VOCAB, PAD)

@@ -140,7 +140,8 @@ def train(
     (the paper: about 25k), so on 8 GPUs use --set train.update_freq=1.
 
     Writes to train.save_dir: checkpoint_u<update>.pt, checkpoint_best.pt,
-    metrics.jsonl, config.yaml. For several GPUs on this host:
+    metrics.jsonl, config.yaml, and .lock: a second `tmt train` on the same
+    save_dir is refused while this one runs. For several GPUs on this host:
     `tmt train CONFIG --nproc-per-node 8`; on several hosts run torchrun
     yourself: `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
     --rdzv-endpoint HOST:29500 -m transformer_mt train CONFIG` (docs/training.md).

@@ -50,6 +50,7 @@ from transformer_mt.train.checkpoint import (
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
 from transformer_mt.train.run_files import RunFiles, dropout_seed, restore_rng, rng_state, write_config
+from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress
 from transformer_mt.train.step import (
     Stepper,
@@ -727,14 +728,17 @@ class Trainer:
 def train_model(cfg: Config) -> TrainResult:
     """Train (or resume) the run described by ``cfg`` until train.max_updates / max_epochs / max_minutes.
 
-    Works the same alone or under torchrun; rank 0 writes all files.
+    Works the same alone or under torchrun; rank 0 writes all files and holds
+    the run directory's lock (`hold_run_dir`), so a second trainer on the same
+    train.save_dir stops before it touches anything.
     """
     threads = torch.get_num_threads()
     if cfg.train.num_threads > 0:
         torch.set_num_threads(cfg.train.num_threads)
     env = setup()
     try:
-        return Trainer(cfg, env).run()
+        with hold_run_dir(Path(cfg.train.save_dir), env):
+            return Trainer(cfg, env).run()
     except (ConfigError, CheckpointError) as err:
         raise TrainError(str(err)) from None
     finally:
