@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from transformer_mt import files
 from transformer_mt.cli import app
-from transformer_mt.data import download
 from transformer_mt.data.download import (
     DownloadError,
     clean_pair,
@@ -143,10 +143,8 @@ class FullDisk(io.FileIO):
 def test_disk_full_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
     hub = make_hub_dir(tmp_path / "hub", "de-en", ("en", "de"), ROWS * 20)
     out = tmp_path / "out"
-    monkeypatch.setattr(
-        download, "open", lambda path, mode="r", *a, **k: FullDisk(path, mode.replace("b", "")), raising=False
-    )
-    with pytest.raises(DownloadError, match="disk full while writing .*train.en.tmp"):
+    monkeypatch.setattr(files, "open", lambda fd, mode="r", *a, **k: FullDisk(fd, mode.replace("b", "")), raising=False)
+    with pytest.raises(DownloadError, match=r"disk full while writing .*train\.en; nothing was kept"):
         download_hf("en-de", out, hub_path=str(hub))
     assert sorted(p.name for p in out.iterdir()) == []  # no train.*, no .tmp, no markers
     assert not is_complete(out, "train", ("en", "de"), f"hf {hub} de-en train")
@@ -157,9 +155,7 @@ def test_disk_full_during_from_copy(tmp_path, monkeypatch):
     src.mkdir()
     (src / "train.en").write_text("one sentence\n" * 10)
     (src / "train.de").write_text("ein Satz\n" * 10)
-    monkeypatch.setattr(
-        download, "open", lambda path, mode="r", *a, **k: FullDisk(path, mode.replace("b", "")), raising=False
-    )
+    monkeypatch.setattr(files, "open", lambda fd, mode="r", *a, **k: FullDisk(fd, mode.replace("b", "")), raising=False)
     with pytest.raises(DownloadError, match="disk full"):
         download_wmt14("en-de", tmp_path / "out", from_dir=src)
     assert not list((tmp_path / "out").glob("train*"))
@@ -237,6 +233,92 @@ def test_bad_arguments_are_clear(tmp_path):
         download_wmt14("en-de", tmp_path, train_from="newstest2013")
     with pytest.raises(DownloadError, match="not a directory"):
         download_wmt14("en-de", tmp_path / "out", from_dir=tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------- planted links
+
+
+def _plant(out: Path, names: list[str], target: Path) -> list[Path]:
+    """Links to ``target`` at names someone could predict in OUT; returns them."""
+    links = []
+    for name in names:
+        link = out / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        links.append(link)
+    return links
+
+
+PREDICTABLE = [
+    "train.en.tmp",  # the temporary names of earlier versions
+    "train.de.tmp",
+    "newstest2013.en.tmp",
+    ".complete/train.en.json.tmp",
+    ".complete/train.de.json.tmp",
+    "train.en",  # the final names: replaced, never written through
+    ".complete/train.en.json",
+]
+
+
+def test_download_from_dir_never_writes_through_a_planted_link(full_dir, tmp_path):
+    """`tmt download --from`: links at every predictable name in OUT; the file they point at stays untouched."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("precious\n")
+    out = tmp_path / "out"
+    _plant(out, PREDICTABLE, elsewhere)
+    result = CliRunner().invoke(
+        app, ["download", "wmt14", "--pair", "en-de", "--from", str(full_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert elsewhere.read_text() == "precious\n"
+    assert (out / "train.en").read_bytes() == (full_dir / "train.en").read_bytes() and not (
+        out / "train.en"
+    ).is_symlink()
+    assert is_complete(out, "train", ("en", "de"), f"from {full_dir.resolve() / 'train'}")
+
+
+def test_hf_writer_never_writes_through_a_planted_link(tmp_path):
+    hub = make_hub_dir(tmp_path / "hub", "de-en", ("en", "de"), ROWS)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("precious\n")
+    out = tmp_path / "out"
+    _plant(out, PREDICTABLE, elsewhere)
+    download_hf("en-de", out, hub_path=str(hub))
+    assert elsewhere.read_text() == "precious\n"
+    assert lines(out / "train.en")[0] == "Hello world." and read_marker(out, "train", "de")["lines"] == 5
+
+
+def test_a_planted_marker_directory_is_refused(full_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".complete").symlink_to(elsewhere)
+    with pytest.raises(DownloadError, match=r"\.complete is a symbolic link; tmt never writes through one"):
+        download_wmt14("en-de", out, from_dir=full_dir)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_rewrite_removes_the_temporary_files_a_killed_run_left(full_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    left = [out / ".train.en.0123456789abcdef.tmp", out / ".train.de.0123456789abcdef.tmp"]
+    other = out / ".newstest2014.en.0123456789abcdef.tmp"  # another pair's: removed when that pair is rewritten
+    for path in [*left, other]:
+        path.write_text("half\n")
+    download_wmt14("en-de", out, from_dir=full_dir, train_from=None)
+    assert not any(p.exists() for p in [*left, other])
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp")) == []
+
+
+@pytest.mark.parametrize("prefix", ["../secret", "sub/newstest2013", "/etc/passwd", "..", "."])
+def test_train_from_must_name_files_inside_from(full_dir, tmp_path, prefix):
+    (tmp_path / "secret.en").write_text("outside\n")
+    (tmp_path / "secret.de").write_text("draußen\n")
+    out = tmp_path / "out"
+    with pytest.raises(DownloadError, match="give a file prefix inside --from DIR, such as newstest2013"):
+        download_wmt14("en-de", out, from_dir=full_dir, train_from=prefix)
+    assert not (out / "train.en").exists()
 
 
 # --------------------------------------------------------------------------- sacreBLEU dev/test sets

@@ -89,6 +89,9 @@ def test_statmt_concatenates_corpora_keeps_alignment_and_counts(tmp_path):
     ]
     server = FakeServer({c.url: d for c, d in zip(corpora, [europarl, news, b""], strict=True)})
     out = tmp_path / "out"
+    killed = out / "archives" / ".extract-k1ll3d"  # the extraction directory of a killed run
+    killed.mkdir(parents=True)
+    (killed / "europarl-v7.de-en.en").write_text("gigabytes\n")
     rows = download_statmt("en-de", out, corpora, opener=server)
     assert (out / "train.en").read_text(encoding="utf-8").splitlines() == [
         "Resumption of the session",
@@ -109,7 +112,7 @@ def test_statmt_concatenates_corpora_keeps_alignment_and_counts(tmp_path):
     assert sorted(p.name for p in (out / "archives").iterdir()) == [
         "europarl.tgz",
         "news.tgz",
-    ]  # extracted text removed
+    ]  # extracted text removed, the killed run's too
     assert len(server.ranges) == 2
     assert download_statmt("en-de", out, corpora, opener=server)[0].status == "complete, skipped"
     assert len(server.ranges) == 2  # nothing fetched again
@@ -148,6 +151,20 @@ def test_interrupted_download_resumes_with_range(tmp_path, error):
     path = fetch_archive(corpus, tmp_path, server)
     assert server.ranges == ["bytes=100-"]
     assert path.read_bytes() == data and not part.exists()
+
+
+def test_a_link_planted_at_the_partial_download_is_refused(tmp_path):
+    """`.part` has a predictable name (it must, to resume): a link there is never written through."""
+    data = make_tar({"a.en": b"a\n", "a.de": b"b\n"})
+    corpus = corpus_for("a", data, {"en-de": ("a.en", "a.de")})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"precious")
+    archives = tmp_path / "archives"
+    archives.mkdir()
+    (archives / "a.tgz.part").symlink_to(elsewhere)
+    with pytest.raises(DownloadError, match=r"a\.tgz\.part is a symbolic link; tmt never writes through one"):
+        fetch_archive(corpus, archives, FakeServer({corpus.url: data}))
+    assert elsewhere.read_bytes() == b"precious"
 
 
 def test_server_ignoring_range_restarts_cleanly(tmp_path):

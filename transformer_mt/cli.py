@@ -381,7 +381,8 @@ def download(
         typer.Option(
             "--train-from",
             help="With --from: copy DIR/NAME.* as the training files when DIR has no train.*, e.g. newstest2013 "
-            "as a stand-in corpus to try the pipeline (far too small to reproduce the paper).",
+            "as a stand-in corpus to try the pipeline (far too small to reproduce the paper). NAME is a file "
+            "prefix inside DIR, not a path.",
         ),
     ] = None,
 ) -> None:

@@ -20,8 +20,10 @@ newstest2013 and newstest2014 always come as sacreBLEU has them (``wmt13`` and
 ``wmt14/full``, the 3003-line newstest2014) unless ``--from DIR`` holds them,
 so what the model is tested on is what ``tmt evaluate`` scores against.
 
-Every output is written to a ``.tmp`` file and renamed when complete; its
-marker is written last, so a file without a marker is never taken as complete.
+Every output is written to a temporary file created exclusively under a
+random name (`transformer_mt.files.atomic_open`), so a link planted in OUT can
+never redirect a write, and renamed when complete; its marker, written the
+same way, comes last, so a file without a marker is never taken as complete.
 
 The statmt source lives in :mod:`transformer_mt.data.download_statmt`, which builds
 on the writer and helpers here (and so is imported from here only when used).
@@ -30,7 +32,6 @@ on the writer and helpers here (and so is imported from here only when used).
 from __future__ import annotations
 
 import codecs
-import contextlib
 import errno
 import gzip
 import hashlib
@@ -39,6 +40,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,6 +48,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from transformer_mt.evaluate import TESTSETS, EvaluateError, fetch_testset
+from transformer_mt.files import atomic_open, atomic_write_text, remove_leftovers
 
 PAIRS = {"en-de": ("en", "de"), "en-fr": ("en", "fr")}
 SOURCES = ("hf", "statmt")
@@ -95,6 +98,8 @@ def download_wmt14(
         raise DownloadError(f"unknown --source {source!r}; use one of: {', '.join(SOURCES)}")
     if train_from is not None and from_dir is None:
         raise DownloadError("--train-from only works with --from DIR (it names files inside DIR)")
+    if train_from is not None:
+        _check_prefix(train_from)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if from_dir is not None:
@@ -271,6 +276,15 @@ def _train_from_dir(from_dir: Path, out: Path, langs: tuple[str, str], train_fro
     return [_copy_pair(from_dir, prefix, out, "train", langs, label)]
 
 
+def _check_prefix(train_from: str) -> None:
+    """``--train-from`` names files inside ``--from DIR`` (PREFIX.en, PREFIX.de): a path would read outside it."""
+    if not train_from or train_from in (".", "..") or "/" in train_from or os.sep in train_from:
+        raise DownloadError(
+            f"--train-from {train_from!r}: give a file prefix inside --from DIR, such as newstest2013 "
+            "(for DIR/newstest2013.en and .de), not a path; to train on files elsewhere, point --from at their directory"
+        )
+
+
 def _copy_dir_testsets(from_dir: Path, out: Path, langs: tuple[str, str], names: list[str]) -> list[SummaryRow]:
     return [_copy_pair(from_dir, name, out, name, langs, f"from {from_dir.resolve() / name}") for name in names]
 
@@ -278,31 +292,23 @@ def _copy_dir_testsets(from_dir: Path, out: Path, langs: tuple[str, str], names:
 def _copy_pair(from_dir: Path, prefix: str, out: Path, name: str, langs: tuple[str, str], label: str) -> SummaryRow:
     if is_complete(out, name, langs, label):
         return _skipped_row(out, name, langs, label)
-    _start_rewrite(out, name, langs)
-    infos = []
-    try:
-        for lang in langs:
-            infos.append(_copy_text(from_dir / f"{prefix}.{lang}", _tmp_path(out, name, lang)))
+    with _writing_pair(out, name, langs) as files:
+        infos = [_copy_text(from_dir / f"{prefix}.{lang}", f) for lang, f in zip(langs, files, strict=True)]
         if infos[0]["lines"] != infos[1]["lines"]:
             raise DownloadError(
                 f"--from {from_dir}: {prefix}.{langs[0]} has {infos[0]['lines']:,} lines but {prefix}.{langs[1]} has "
                 f"{infos[1]['lines']:,}; parallel files must be aligned line by line (fix or remove the extra lines)"
             )
-    except BaseException:
-        for lang in langs:
-            _tmp_path(out, name, lang).unlink(missing_ok=True)
-        raise
-    _commit(out, name, langs, infos, label)
+    _write_markers(out, name, langs, infos, label)
     return SummaryRow(label, f"{name}.{langs[0]}|{langs[1]}", infos[0]["lines"])
 
 
-def _copy_text(src: Path, tmp: Path) -> dict[str, Any]:
-    """Copy ``src`` to ``tmp`` checking it is UTF-8; count lines, bytes, sha256 (adds a final newline if missing)."""
+def _copy_text(src: Path, fout: _Output) -> dict[str, Any]:
+    """Copy ``src`` into ``fout`` checking it is UTF-8; count lines, bytes, sha256 (adds a final newline if missing)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     digest, lines, size, last = hashlib.sha256(), 0, 0, b"\n"
     with (
         open(src, "rb") as fin,
-        _writing(tmp) as fout,
         tqdm(total=src.stat().st_size, desc=src.name, unit="B", unit_scale=True, leave=False) as bar,
     ):
         while chunk := fin.read(_CHUNK):
@@ -311,12 +317,12 @@ def _copy_text(src: Path, tmp: Path) -> dict[str, Any]:
             except UnicodeDecodeError as err:
                 line = lines + chunk[: err.start].count(b"\n") + 1
                 raise DownloadError(f"{src}:{line}: not UTF-8 ({err.reason}); convert the file with iconv") from None
-            _write(fout, tmp, chunk)
+            fout.write(chunk)
             digest.update(chunk)
             lines, size, last = lines + chunk.count(b"\n"), size + len(chunk), chunk[-1:]
             bar.update(len(chunk))
         if last != b"\n":
-            _write(fout, tmp, b"\n")
+            fout.write(b"\n")
             digest.update(b"\n")
             lines, size = lines + 1, size + 1
     return {"lines": lines, "bytes": size, "sha256": digest.hexdigest()}
@@ -343,7 +349,7 @@ def _count_lines(path: Path) -> int:
 
 @dataclass
 class ParallelWriter:
-    """Writes OUT/{name}.{src,tgt} through ``.tmp`` files, renamed and marked complete only on success.
+    """Writes OUT/{name}.{src,tgt} through temporary files (`_writing_pair`), renamed and marked complete on success.
 
     ``keep_empty`` keeps pairs with an empty side (dev/test sets must keep their
     line count); otherwise such pairs are dropped and counted.
@@ -357,23 +363,16 @@ class ParallelWriter:
     pairs: int = 0
     dropped: int = 0
     _buffers: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
-    _files: list[BinaryIO] = field(default_factory=list)
+    _files: list[_Output] = field(default_factory=list)
     _digests: list[Any] = field(default_factory=list)
     _sizes: list[int] = field(default_factory=lambda: [0, 0])
+    _pair: Any = None  # the `_writing_pair` context, entered in __enter__
 
     def __enter__(self) -> ParallelWriter:
-        _start_rewrite(self.out, self.name, self.langs)
-        for lang in self.langs:
-            try:
-                self._files.append(_writing(self.tmp(lang)))
-            except DownloadError:
-                self._discard()
-                raise
+        self._pair = _writing_pair(self.out, self.name, self.langs)
+        self._files = self._pair.__enter__()
         self._digests = [hashlib.sha256(), hashlib.sha256()]
         return self
-
-    def tmp(self, lang: str) -> Path:
-        return _tmp_path(self.out, self.name, lang)
 
     def add(self, src: str, tgt: str) -> None:
         cleaned = clean_pair(src, tgt)
@@ -388,70 +387,76 @@ class ParallelWriter:
             self._flush()
 
     def _flush(self) -> None:
-        for i, lang in enumerate(self.langs):
+        for i in range(2):
             if not self._buffers[i]:
                 continue
             data = ("\n".join(self._buffers[i]) + "\n").encode("utf-8")
-            _write(self._files[i], self.tmp(lang), data)
+            self._files[i].write(data)
             self._digests[i].update(data)
             self._sizes[i] += len(data)
             self._buffers[i].clear()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """On success: flush, rename both files into place, write the markers; on any error: remove both."""
+        if exc_type is None:
+            try:
+                self._flush()
+            except BaseException as err:
+                self._pair.__exit__(type(err), err, err.__traceback__)
+                raise
+        self._pair.__exit__(exc_type, exc, tb)
         if exc_type is not None:
-            self._discard()
             return
-        try:
-            self._flush()
-            for f, lang in zip(self._files, self.langs, strict=True):
-                _close(f, self.tmp(lang))
-        except BaseException:
-            self._discard()
-            raise
-        for f in self._files:
-            f.close()
         infos = [
             {"lines": self.pairs, "bytes": size, "sha256": digest.hexdigest()}
             for size, digest in zip(self._sizes, self._digests, strict=True)
         ]
-        try:
-            _commit(self.out, self.name, self.langs, infos, self.source, dropped=self.dropped)
-        except BaseException:
-            self._discard()
-            raise
-
-    def _discard(self) -> None:
-        """Close and delete the ``.tmp`` files: an interrupted write leaves nothing behind."""
-        for f in self._files:
-            with contextlib.suppress(OSError):  # the disk error was already reported
-                f.close()
-        for lang in self.langs:
-            self.tmp(lang).unlink(missing_ok=True)
+        _write_markers(self.out, self.name, self.langs, infos, self.source, dropped=self.dropped)
 
     def summary(self) -> SummaryRow:
         return SummaryRow(self.source, f"{self.name}.{self.langs[0]}|{self.langs[1]}", self.pairs, self.dropped)
 
 
-def _writing(path: Path) -> BinaryIO:
-    try:
-        return open(path, "wb")
-    except OSError as err:
-        raise DownloadError(f"cannot write {path}: {err.strerror}; check --out and its permissions") from None
+@contextmanager
+def _writing_pair(out: Path, name: str, langs: tuple[str, str]) -> Iterator[list[_Output]]:
+    """Two files open for OUT/{name}.{lang}: temporary until the body ends, then renamed into place together.
+
+    The old files and markers go first (`_start_rewrite`), so while the pair is
+    rewritten nothing of it looks complete. On any error both temporary files
+    are removed.
+    """
+    _start_rewrite(out, name, langs)
+    with ExitStack() as stack:
+        yield [stack.enter_context(_writing(out / f"{name}.{lang}")) for lang in langs]
 
 
-def _write(f: BinaryIO, path: Path, data: bytes) -> None:
+@contextmanager
+def _writing(path: Path) -> Iterator[_Output]:
+    """`atomic_open` for ``path``; its own OSErrors (creating, syncing, renaming) become DownloadErrors naming it."""
+    in_body = False
     try:
-        f.write(data)
+        with atomic_open(path) as f:
+            in_body = True
+            yield _Output(f, path)
+            in_body = False
     except OSError as err:
+        if in_body:  # the body's own error (reading an input, say): not this file's to explain
+            raise
         raise _disk_error(path, err) from None
 
 
-def _close(f: BinaryIO, path: Path) -> None:
-    try:
-        f.flush()
-        os.fsync(f.fileno())
-    except OSError as err:
-        raise _disk_error(path, err) from None
+@dataclass
+class _Output:
+    """A file being written and the name it will have: a failed write names that file and says what to do."""
+
+    f: BinaryIO
+    path: Path
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.f.write(data)
+        except OSError as err:
+            raise _disk_error(self.path, err) from None
 
 
 def _disk_error(path: Path, err: OSError) -> DownloadError:
@@ -460,11 +465,7 @@ def _disk_error(path: Path, err: OSError) -> DownloadError:
             f"disk full while writing {path}; nothing was kept. Free space or choose another --out "
             "(en-de needs about 1.3 GB of text, en-fr about 14 GB; --source statmt also keeps 1.7 / 6.6 GB of archives)"
         )
-    return DownloadError(f"could not write {path}: {err}")
-
-
-def _tmp_path(out: Path, name: str, lang: str) -> Path:
-    return out / f"{name}.{lang}.tmp"
+    return DownloadError(f"could not write {path}: {err.strerror or err}; check --out and its permissions")
 
 
 def _marker_path(out: Path, name: str, lang: str) -> Path:
@@ -472,31 +473,36 @@ def _marker_path(out: Path, name: str, lang: str) -> Path:
 
 
 def _start_rewrite(out: Path, name: str, langs: tuple[str, str]) -> None:
-    """Remove the markers, then the old files: while a pair is rewritten, nothing of it looks complete."""
+    """Remove the markers, then the old files and any temporary files a killed run left for them.
+
+    While a pair is rewritten, nothing of it looks complete. Two downloads into
+    one OUT at once are not supported: this would remove the other's
+    temporary files.
+    """
     out.mkdir(parents=True, exist_ok=True)
     for lang in langs:
         _marker_path(out, name, lang).unlink(missing_ok=True)
     for lang in langs:
         (out / f"{name}.{lang}").unlink(missing_ok=True)
+    remove_leftovers(out, re.compile("|".join(re.escape(f"{name}.{lang}") for lang in langs)))
 
 
-def _commit(
+def _write_markers(
     out: Path, name: str, langs: tuple[str, str], infos: list[dict[str, Any]], source: str, dropped: int = 0
 ) -> None:
-    """Rename both ``.tmp`` files into place, then write their markers (the markers mean complete)."""
-    for lang in langs:
-        os.replace(_tmp_path(out, name, lang), out / f"{name}.{lang}")
+    """Write the pair's completion markers (atomically, never through a planted link): they mean complete."""
+    if (out / MARKER_DIR).is_symlink():
+        raise DownloadError(
+            f"{out / MARKER_DIR} is a symbolic link; tmt never writes through one: remove it and re-run"
+        )
     (out / MARKER_DIR).mkdir(exist_ok=True)
     for lang, info in zip(langs, infos, strict=True):
         marker = _marker_path(out, name, lang)
-        tmp = marker.with_name(marker.name + ".tmp")
         text = json.dumps({"file": f"{name}.{lang}", **info, "dropped_empty": dropped, "source": source}, indent=1)
         try:
-            tmp.write_text(text + "\n", encoding="utf-8")
+            atomic_write_text(marker, text + "\n")
         except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise _disk_error(tmp, err) from None
-        os.replace(tmp, marker)
+            raise _disk_error(marker, err) from None
 
 
 def read_marker(out: Path, name: str, lang: str) -> dict[str, Any] | None:

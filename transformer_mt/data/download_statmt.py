@@ -15,6 +15,7 @@ import http.client
 import os
 import shutil
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -36,7 +37,7 @@ from transformer_mt.data.download import (
     offline_hint,
     read_parallel,
 )
-from transformer_mt.files import atomic_path
+from transformer_mt.files import atomic_open
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ STATMT_CORPORA: tuple[Corpus, ...] = (
     ),
 )
 
+EXTRACT_PREFIX = ".extract-"  # OUT/archives/.extract-<random>/: the members of the archives, while they are read
 Opener = Callable[..., Any]  # urllib.request.urlopen(request, timeout=...) or a stand-in with .status/.read
 
 
@@ -117,21 +119,33 @@ def download_statmt(
         return [_skipped_row(out, "train", langs, label)]
     archive_dir = out / "archives"
     archives = [fetch_archive(c, archive_dir, opener, pair) for c in corpora]
-    extract_dir = archive_dir / "extracted"
+    extract_dir = _extract_dir(archive_dir)
     rows = []
     writer = ParallelWriter(out, "train", langs, label)
-    with writer:
-        for corpus, archive in zip(corpora, archives, strict=True):
-            members = corpus.members[pair]
-            paths = safe_extract(archive, members, extract_dir / corpus.name)
-            before = (writer.pairs, writer.dropped)
-            for src, tgt in read_parallel(*paths):
-                writer.add(src, tgt)
-            shutil.rmtree(extract_dir / corpus.name, ignore_errors=True)  # the extracted text is large
-            pairs, dropped = writer.pairs - before[0], writer.dropped - before[1]
-            rows.append(SummaryRow(f"statmt {corpus.name}", f"train.{langs[0]}|{langs[1]}", pairs, dropped, "part"))
-    shutil.rmtree(extract_dir, ignore_errors=True)
+    try:
+        with writer:
+            for corpus, archive in zip(corpora, archives, strict=True):
+                paths = safe_extract(archive, corpus.members[pair], extract_dir / corpus.name)
+                before = (writer.pairs, writer.dropped)
+                for src, tgt in read_parallel(*paths):
+                    writer.add(src, tgt)
+                shutil.rmtree(extract_dir / corpus.name, ignore_errors=True)  # the extracted text is large
+                pairs, dropped = writer.pairs - before[0], writer.dropped - before[1]
+                rows.append(SummaryRow(f"statmt {corpus.name}", f"train.{langs[0]}|{langs[1]}", pairs, dropped, "part"))
+    finally:
+        shutil.rmtree(extract_dir, ignore_errors=True)
     return [*rows, writer.summary()]
+
+
+def _extract_dir(archive_dir: Path) -> Path:
+    """A new private directory for the extracted members, under a random name nobody could have planted a link at.
+
+    Those a killed run left behind (``.extract-*``, gigabytes of text) are removed first.
+    """
+    for old in archive_dir.glob(f"{EXTRACT_PREFIX}*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=EXTRACT_PREFIX, dir=archive_dir))
 
 
 def fetch_archive(corpus: Corpus, dest_dir: Path, opener: Opener = urllib.request.urlopen, pair: str = "en-de") -> Path:
@@ -139,6 +153,8 @@ def fetch_archive(corpus: Corpus, dest_dir: Path, opener: Opener = urllib.reques
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / PurePosixPath(corpus.url).name
     part = final.with_name(final.name + ".part")
+    if part.is_symlink():
+        raise DownloadError(f"{part} is a symbolic link; tmt never writes through one: remove it and re-run")
     if final.exists():
         if _archive_ok(final, corpus):
             return final
@@ -182,7 +198,7 @@ def _fetch_bytes(corpus: Corpus, part: Path, start: int, opener: Opener, pair: s
             start = 0  # the server ignored Range: start over
         bar = tqdm(total=corpus.size, initial=start, desc=corpus.name, unit="B", unit_scale=True, unit_divisor=1024)
         try:
-            with open(part, "ab" if start else "wb") as f, bar:
+            with _open_part(part, append=bool(start)) as f, bar:
                 while chunk := response.read(_CHUNK):
                     f.write(chunk)
                     bar.update(len(chunk))
@@ -194,6 +210,12 @@ def _fetch_bytes(corpus: Corpus, part: Path, start: int, opener: Opener, pair: s
             raise DownloadError(
                 f"{corpus.url}: connection lost ({err}); the partial file {part} is kept: re-run to resume"
             ) from None
+
+
+def _open_part(part: Path, append: bool) -> BinaryIO:
+    """The ``.part`` file, appended to or started anew; ``O_NOFOLLOW``: a link planted there fails (ELOOP)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
+    return open(os.open(part, flags, 0o666), "ab" if append else "wb")
 
 
 def _archive_ok(path: Path, corpus: Corpus) -> bool:
@@ -277,7 +299,7 @@ def _escapes(path: PurePosixPath) -> bool:
 
 
 def _copy_stream(stream: BinaryIO | None, dest: Path) -> None:
-    """Stream one archive member into ``dest`` through `transformer_mt.files.atomic_path`."""
+    """Stream one archive member into ``dest`` through `transformer_mt.files.atomic_open`."""
     assert stream is not None  # only regular files reach here
-    with atomic_path(dest) as tmp, open(tmp, "wb") as f:
+    with atomic_open(dest) as f:
         shutil.copyfileobj(stream, f, _CHUNK)
