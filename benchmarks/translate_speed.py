@@ -52,8 +52,8 @@ class NoEarlyEos:
     def encode(self, src: torch.Tensor) -> Any:
         return self.model.encode(src)
 
-    def init_cache(self, enc: Any) -> Any:
-        return self.model.init_cache(enc)
+    def init_cache(self, enc: Any, beams: int = 1, capacity: int = 16) -> Any:
+        return self.model.init_cache(enc, beams, capacity)
 
     def decode(self, tgt_in: torch.Tensor, enc: Any, cache: Any = None) -> torch.Tensor:
         logits = self.model.decode(tgt_in, enc, cache)

@@ -1,10 +1,10 @@
 """Beam search: exact hypotheses and scores on fake decoders with hand-set probabilities, and a real tiny Transformer.
 
 The fake decoder's next-token distribution is a function of (sentence, prefix)
-only. It reads the sentence from the cached cross-attention state and the
-prefix from the cached self-attention state, so a wrong cache reorder or a
-wrong row dropped when a sentence finishes changes the probabilities and
-fails the tests.
+only. It reads the sentence from the cache's per-sentence state (as the real
+cache holds cross-attention keys/values once per sentence) and the prefix
+from its per-row state, so a wrong cache reorder or a wrong sentence dropped
+when one finishes changes the probabilities and fails the tests.
 """
 
 from __future__ import annotations
@@ -42,17 +42,20 @@ class FakeEnc:
 
 @dataclass
 class FakeCache:
-    sent: torch.Tensor  # (B,) the "cross-attention state": which sentence each row belongs to
-    prefix: torch.Tensor  # (B, T) the "self-attention state": target tokens fed so far
+    sent: torch.Tensor  # (n,) the "cross-attention state", one row per sentence: which sentence it is
+    prefix: torch.Tensor  # (n*k, T) the "self-attention state": target tokens fed so far, one row per beam
+    beams: int
 
     @property
     def length(self) -> int:
         return self.prefix.shape[1]
 
-    def reorder(self, index: torch.Tensor, cross: bool = True) -> FakeCache:
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> FakeCache:
+        kept = torch.arange(self.sent.shape[0]) if sentences is None else sentences
+        assert torch.equal(index // self.beams, kept.repeat_interleave(self.beams)), "a beam left its sentence"
         self.prefix = self.prefix.index_select(0, index)
-        if cross:
-            self.sent = self.sent.index_select(0, index)
+        if sentences is not None:
+            self.sent = self.sent.index_select(0, sentences)
         return self
 
 
@@ -66,17 +69,17 @@ class FakeModel:
     def encode(self, src: torch.Tensor) -> FakeEnc:
         return FakeEnc(src[:, 0].clone())
 
-    def init_cache(self, enc: FakeEnc) -> FakeCache:
-        return FakeCache(enc.sent.clone(), torch.zeros(enc.sent.shape[0], 0, dtype=torch.long))
+    def init_cache(self, enc: FakeEnc, beams: int = 1, capacity: int = 16) -> FakeCache:
+        return FakeCache(enc.sent.clone(), torch.zeros(enc.sent.shape[0] * beams, 0, dtype=torch.long), beams)
 
     def decode(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
         self.decode_calls += 1
         if cache is None:
             sent, full = enc.sent, tgt_in
         else:
-            assert torch.equal(enc.sent, cache.sent), "encoder output and cache rows disagree"
+            assert torch.equal(enc.sent, cache.sent), "encoder output and cache sentences disagree"
             cache.prefix = torch.cat([cache.prefix, tgt_in], dim=1)
-            sent, full = cache.sent, cache.prefix
+            sent, full = cache.sent.repeat_interleave(cache.beams), cache.prefix
         assert bool((full[:, 0] == BOS).all())
         out = torch.empty(full.shape[0], tgt_in.shape[1], V)
         T = full.shape[1]
@@ -299,7 +302,7 @@ def reference_beam(table: Table, s: int, k: int, alpha: float, max_len: int) -> 
         cands = []
         for score, prefix in live:
             p = table(s, prefix)
-            for tok in range(V):
+            for tok in range(len(p)):
                 if tok in (PAD, BOS) or p[tok] == 0 or (step == max_len and tok != EOS):
                     continue
                 cands.append((score + math.log(p[tok] / sum(p)), prefix, tok))
@@ -401,6 +404,32 @@ def test_real_batched_equals_one_at_a_time(tiny_model: Transformer) -> None:
         assert hyp_tuples(batched[i]) == hyp_tuples(alone)
         assert [h.score for h in batched[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
     assert len({len(h[0].tokens) for h in batched}) > 1  # sentences did end at different steps
+
+
+def model_table(model: Transformer, src: torch.Tensor) -> Table:
+    """Next-token probabilities of one unpadded sentence after a prefix, by a full forward pass of the prefix."""
+    enc = model.encode(src)
+
+    def table(s: int, prefix: tuple[int, ...]) -> list[float]:
+        with torch.no_grad():
+            logits = model.decode(torch.tensor([[BOS, *prefix]]), enc)[0, -1]
+        return torch.softmax(logits.double(), dim=-1).tolist()
+
+    return table
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_real_batched_cached_beam_equals_plain_reference(tiny_model: Transformer, k: int) -> None:
+    """The batched search over the beam-grouped cache (shared cross-attention state, reorders by ancestry) against
+    the plain one-sentence reference beam on full forward passes: same hypotheses, a padded batch of five."""
+    lengths = [5, 9, 3, 1, 12]
+    src = real_src(lengths, seed=4)
+    out = beam_search(tiny_model, src, beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=4, nbest=k)
+    for i, n in enumerate(lengths):
+        expected = reference_beam(model_table(tiny_model, src[i : i + 1, : n + 1]), i, k, 0.6, n + 4)
+        assert hyp_tuples(out[i]) == [tuple(h.tokens) for h in expected]
+        assert [h.score for h in out[i]] == pytest.approx([h.score for h in expected], abs=1e-4)
+    assert len({len(h[0].tokens) for h in out}) > 1  # sentences ended at different steps and left the batch
 
 
 def greedy_loop(model: Transformer, src: torch.Tensor, max_len: int) -> list[int]:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.config import ConfigError, ModelConfig, load_config
-from transformer_mt.model.attention import CrossAttention, SelfAttention, causal_mask_with_past
+from transformer_mt.model.attention import CrossAttention, SelfAttention, group_queries, ungroup
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_positions
 from transformer_mt.model.transformer import (
     EncoderOut,
@@ -136,9 +136,25 @@ def test_embeddings_scaled_by_sqrt_d_model_plus_positions() -> None:
     torch.testing.assert_close(model._embed(model.embed, tok, offset=2), expected)
 
 
-def test_causal_mask_with_past() -> None:
-    m = causal_mask_with_past(2, 3, torch.device("cpu"))
-    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+def test_group_queries_and_ungroup_are_inverse_reshapes() -> None:
+    q = torch.randn(6, 4, 2, 8)  # 3 sentences x 2 beams, 4 heads, 2 positions
+    grouped = group_queries(q, 2)
+    assert grouped.shape == (3, 4, 4, 8)
+    assert torch.equal(grouped[1, :, 2:], q[3])  # sentence 1, beam 1: its queries follow beam 0's
+    assert torch.equal(ungroup(grouped, 2), q)
+    assert group_queries(q, 1) is q
+
+
+def test_cross_attention_shares_one_memory_row_among_its_group() -> None:
+    """Beams of a sentence attend to its memory held once: the same result as a copy of it per beam."""
+    torch.manual_seed(0)
+    attn = CrossAttention(16, 4, 0.0).eval()
+    x, memory = torch.randn(6, 3, 16), torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
+    with torch.no_grad():
+        shared = attn(x, *attn.project_memory(memory), mask)
+        copies = attn(x, *attn.project_memory(memory.repeat_interleave(3, 0)), mask.repeat_interleave(3, 0))
+    torch.testing.assert_close(shared, copies, atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------- masking and padding
@@ -213,7 +229,7 @@ def test_cached_decoding_in_chunks_after_a_prefix() -> None:
 
 
 def test_cached_decoding_after_reorder_equals_full_forward() -> None:
-    """Beam search: after reordering rows (duplicate, permute, drop), decoding continues exactly."""
+    """One beam per sentence: after moving, repeating and dropping sentences, decoding continues exactly."""
     model = make_model()
     src, tgt = tokens([7, 3, 5], seed=1), tokens([8, 8, 8], seed=2)
     first, second, third = torch.tensor([2, 0, 0, 1]), torch.tensor([3, 1, 2]), torch.tensor([2, 2, 0, 1])
@@ -224,34 +240,95 @@ def test_cached_decoding_after_reorder_equals_full_forward() -> None:
         cache = model.init_cache(enc)
         for t in range(3):
             model.decode(tgt[:, t : t + 1], enc, cache)
-        assert cache.reorder(first) is cache
-        cache.reorder(second)  # two reorders before the next step compose
+        assert cache.reorder(first, sentences=first) is cache
+        cache.reorder(second, sentences=second)  # two reorders before the next step compose
         enc = enc.reorder(first).reorder(second)
         assert isinstance(enc, EncoderOut) and enc.memory.shape[0] == 3
         steps = [model.decode(tgt[first[second], t : t + 1], enc, cache) for t in range(3, 5)]
-        cache.reorder(third)
+        cache.reorder(third, sentences=third)
         enc = enc.reorder(third)
         steps += [model.decode(tgt[rows, t : t + 1], enc, cache) for t in range(5, 8)]
     steps[:2] = [s[third] for s in steps[:2]]
     torch.testing.assert_close(torch.cat(steps, dim=1), expected[:, 3:], atol=1e-5, rtol=0)
 
 
-def test_reorder_within_sentences_may_skip_cross_attention_state() -> None:
-    model = make_model()
-    beam = 3
-    src = tokens([7, 3], seed=1).repeat_interleave(beam, dim=0)  # rows of one sentence are identical
-    tgt = tokens([6] * 6, seed=2)
-    index = torch.tensor([2, 2, 0, 4, 3, 3])  # every row stays within its sentence's group
+def beam_rows_decoding(model: Transformer, beam: int, reorders: list[tuple[int, torch.Tensor, torch.Tensor | None]]):
+    """Decode 2 sentences x ``beam`` rows step by step, applying ``(step, index, sentences)`` reorders; return
+    the logits of every step (rows as after the last reorder) and what a full forward of the same rows gives."""
+    src = tokens([7, 3], seed=1)
+    tgt = tokens([6] * (2 * beam), seed=2)
+    history = torch.arange(2 * beam)[:, None].repeat(1, tgt.shape[1])  # row of tgt feeding each (row, step)
+    sentence = torch.arange(2).repeat_interleave(beam)  # the sentence of each row
     with torch.no_grad():
-        expected = model(src, tgt[index])[:, 2:]
         enc = model.encode(src)
-        cache = model.init_cache(enc)
-        model.decode(tgt[:, :2], enc, cache)
-        cross_k = cache.layers[0].cross_k
-        cache.reorder(index, cross=False)
-        assert cache.layers[0].cross_k is cross_k  # not copied
-        got = model.decode(tgt[index, 2:], enc, cache)
+        cache = model.init_cache(enc, beams=beam)
+        steps = []
+        for t in range(tgt.shape[1]):
+            for when, index, sentences in reorders:
+                if when == t:
+                    cache.reorder(index, sentences)
+                    history, sentence = history[index], sentence[index]
+                    steps = [s[index] for s in steps]
+            feed = tgt[history[:, t], t : t + 1]
+            steps.append(model.decode(feed, enc, cache))
+        own = torch.stack([tgt[history[:, t], t] for t in range(tgt.shape[1])], dim=1)
+        expected = model(src[sentence], own)
+    return torch.cat(steps, dim=1), expected
+
+
+def test_beam_reorder_within_sentences_equals_full_forward_of_each_history() -> None:
+    """Beams share their sentence's state; each row attends to exactly its own history after reorders."""
+    model = make_model()
+    reorders = [(2, torch.tensor([2, 2, 0, 4, 3, 3]), None), (3, torch.tensor([1, 0, 0, 5, 5, 4]), None)]
+    got, expected = beam_rows_decoding(model, 3, reorders)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_beam_reorder_that_drops_a_sentence_equals_full_forward() -> None:
+    model = make_model()
+    reorders = [(2, torch.tensor([1, 0, 0, 4, 3, 3]), None), (4, torch.tensor([4, 4, 3]), torch.tensor([1]))]
+    got, expected = beam_rows_decoding(model, 3, reorders)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_beam_reorder_copies_no_cached_keys_or_values() -> None:
+    model = make_model()
+    with torch.no_grad():
+        enc = model.encode(tokens([7, 3], seed=1))
+        cache = model.init_cache(enc, beams=3, capacity=8)
+        model.decode(tokens([6] * 6, seed=2)[:, :2], enc, cache)
+        layer = cache.layers[0]
+        before = [layer.self_k.data_ptr(), layer.self_v.data_ptr(), layer.cross_k.data_ptr()]
+        cache.reorder(torch.tensor([2, 2, 0, 4, 3, 3]))
+        assert [layer.self_k.data_ptr(), layer.self_v.data_ptr(), layer.cross_k.data_ptr()] == before
+        assert cache.ancestry.tolist() == [[[2, 2], [2, 2], [0, 0]], [[1, 1], [0, 0], [0, 0]]]
+        assert layer.cross_k.shape[0] == 2 and layer.self_k.shape[:3] == (2, 4, 8)  # per sentence, capacity 8
+
+
+def test_beam_reorder_refuses_to_move_a_row_to_another_sentence() -> None:
+    model = make_model()
+    with torch.no_grad():
+        enc = model.encode(tokens([7, 3], seed=1))
+        cache = model.init_cache(enc, beams=2)
+        with pytest.raises(ValueError, match="moves row 2 .sentence 1. to row 1 of sentence 0"):
+            cache.reorder(torch.tensor([0, 2, 2, 3]))
+        with pytest.raises(ValueError, match="3 rows for 2 sentences x 2 beams"):
+            cache.reorder(torch.tensor([0, 1, 1]))
+
+
+def test_cache_step_mask_is_causal_and_follows_the_ancestry() -> None:
+    model = make_model()
+    with torch.no_grad():
+        enc = model.encode(tokens([4], seed=1))
+        cache = model.init_cache(enc)
+        model.decode(tokens([3], seed=2), enc, cache)
+        assert cache.step(1).mask is None  # one beam, one new position: it sees everything
+        assert cache.step(2).mask.view(2, 5).tolist() == [[True] * 4 + [False], [True] * 5]
+        beams = model.init_cache(enc.reorder(torch.tensor([0])), beams=2)
+        model.decode(tokens([1, 1], seed=2), enc, beams)
+        beams.reorder(torch.tensor([1, 1]))
+        # keys ordered (position 0: slot 0, slot 1), (position 1: slot 0, slot 1); both beams descend from slot 1
+        assert beams.step(1).mask.view(2, 4).tolist() == [[False, True, True, False], [False, True, False, True]]
 
 
 def test_decode_refuses_a_batch_that_does_not_match_the_reordered_cache() -> None:
@@ -261,8 +338,8 @@ def test_decode_refuses_a_batch_that_does_not_match_the_reordered_cache() -> Non
         enc = model.encode(src)
         cache = model.init_cache(enc)
         model.decode(tgt[:, :1], enc, cache)
-        cache.reorder(torch.tensor([1, 1, 0]))
-        with pytest.raises(ValueError, match="2 target rows.*reordered to 3 rows"):
+        cache.reorder(torch.tensor([1, 1, 0]), sentences=torch.tensor([1, 1, 0]))
+        with pytest.raises(ValueError, match="2 target rows but the cache holds 3"):
             model.decode(tgt[:, 1:2], enc, cache)
 
 
@@ -277,22 +354,19 @@ def test_cache_without_source_padding_needs_no_mask() -> None:
         torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt), atol=1e-5, rtol=0)
 
 
-def test_reorder_before_the_first_decode_records_the_rows() -> None:
+def test_reorder_before_the_first_decode_and_a_growing_buffer() -> None:
+    """Reordering an empty cache only renames beams; a buffer of capacity 2 grows as positions arrive."""
     model = make_model()
-    beam = 2
-    src = tokens([6, 4], seed=1).repeat_interleave(beam, dim=0)
-    tgt = tokens([5] * 4, seed=2)
-    index = torch.tensor([1, 0, 3, 2])  # swap the beams of each sentence: exact without the cross state
+    src, tgt = tokens([6, 4], seed=1), tokens([5] * 4, seed=2)
     with torch.no_grad():
         enc = model.encode(src)
-        cache = model.init_cache(enc)
-        assert cache.reorder(index, cross=False) is cache
-        assert torch.equal(cache.rows, index)
-        with pytest.raises(ValueError, match="3 target rows.*reordered to 4 rows"):
+        cache = model.init_cache(enc, beams=2, capacity=2)
+        assert cache.reorder(torch.tensor([1, 0, 3, 2])) is cache
+        with pytest.raises(ValueError, match="3 target rows but the cache holds 4"):
             model.decode(tgt[:3, :1], enc, cache)
         steps = [model.decode(tgt[:, t : t + 1], enc, cache) for t in range(5)]
-        assert cache.rows is None  # applied by the first decode
-    torch.testing.assert_close(torch.cat(steps, 1), model(src[index], tgt), atol=1e-5, rtol=0)
+        assert cache.layers[0].self_k.shape[2] == 8  # 2 -> 4 -> 8 positions
+    torch.testing.assert_close(torch.cat(steps, 1), model(src.repeat_interleave(2, 0), tgt), atol=1e-5, rtol=0)
 
 
 def masks_seen(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> tuple[object, object]:

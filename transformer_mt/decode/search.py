@@ -1,15 +1,19 @@
 """Batched beam search with an incremental decoder cache (the paper's decoding, section 6.1).
 
 The search runs on any model with the decoding API of `transformer_mt.model`:
-``encode(src) -> enc``, ``init_cache(enc) -> cache``, ``decode(tgt_in, enc,
-cache) -> logits``, where ``enc.reorder(index)`` returns the rows ``index`` of
-the encoder output and ``cache.reorder(index, cross=...)`` keeps the rows
-``index`` of the cache in place. Nothing in the loop knows which model it runs.
+``encode(src) -> enc``, ``init_cache(enc, beams, capacity) -> cache``,
+``decode(tgt_in, enc, cache) -> logits`` (``capacity``: the most target
+positions the search will feed), where ``enc.reorder(index)`` returns the rows
+``index`` of the encoder output and ``cache.reorder(index, sentences)`` makes
+row r of the cache continue the hypothesis of row ``index[r]``, in place,
+keeping the sentences ``sentences`` when some leave the batch. Row r of a
+decode batch is beam r % k of sentence r // k. Nothing in the loop knows which
+model it runs.
 
 The search, per sentence, with beam size k (all sentences of a batch at once):
 
 1. The encoder runs once; the cross-attention keys/values are computed once
-   per sentence (``init_cache``) and copied to its k beams by ``reorder``.
+   per sentence (``init_cache``) and shared by its k beams.
 2. At each step every live hypothesis is extended by one token; the 2k best
    extensions over (beam x vocabulary), by raw log-probability, are the
    candidates. PAD and BOS are never generated.
@@ -102,8 +106,8 @@ class _Beams:
     max_len: Tensor  # (n,) maximum output length, tokens before EOS
     tokens: Tensor  # (n*k, t+1) BOS and the t tokens generated so far
     scores: Tensor  # (n, k) raw log-probabilities of the live hypotheses, -inf for empty beams
-    enc: Any  # encoder output, n*k rows
-    cache: Any  # decoder cache, n*k rows (None when decoding without a cache)
+    enc: Any  # encoder output: n rows with a cache (the beams share it), n*k rows without
+    cache: Any  # decoder cache of n sentences x k beams (None when decoding without a cache)
 
 
 @dataclass
@@ -168,14 +172,15 @@ def beam_search(
 
 
 def _start(model: Any, src: Tensor, k: int, max_len: Tensor, use_cache: bool) -> _Beams:
-    """Encode once, compute cross-attention state once per sentence, then copy both to k beams."""
+    """Encode once and compute the cross-attention state once per sentence, for its k beams to share.
+
+    Without a cache the decoder reads the encoder output itself, one row per beam.
+    """
     B = src.shape[0]
     enc = model.encode(src)
-    cache = model.init_cache(enc) if use_cache else None
-    rows = torch.arange(B, device=src.device).repeat_interleave(k)  # (B*k,)
-    enc = enc.reorder(rows)
-    if cache is not None:
-        cache.reorder(rows, cross=True)
+    cache = model.init_cache(enc, beams=k, capacity=int(max_len.max()) + 1) if use_cache else None  # BOS + output
+    if cache is None:
+        enc = enc.reorder(torch.arange(B, device=src.device).repeat_interleave(k))  # (B*k,) rows
     scores = torch.full((B, k), NEG_INF, device=src.device)
     scores[:, 0] = 0.0  # one live hypothesis (BOS) per sentence at the start; the other beams are empty
     tokens = torch.full((B * k, 1), BOS, dtype=torch.long, device=src.device)
@@ -270,15 +275,17 @@ def _sentences_done(
 
 
 def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: Tensor, done: Tensor, k: int) -> _Beams:
-    """Append the chosen tokens, reorder the cache by beam and drop the done sentences, in one index_select."""
+    """Append the chosen tokens, point each cache row at its parent and drop the done sentences."""
     keep = (~done).nonzero().squeeze(1)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
     rows = (keep[:, None] * k + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
     tokens = torch.cat([beams.tokens.index_select(0, rows), live_token.index_select(0, keep).view(-1, 1)], dim=1)
     if beams.cache is not None:
-        beams.cache.reorder(rows, cross=shrink)  # beams of one sentence share the cross-attention state
+        beams.cache.reorder(rows, sentences=keep if shrink else None)
     enc = beams.enc
-    if shrink:
+    if shrink and beams.cache is not None:
+        enc = enc.reorder(keep)
+    elif shrink:
         enc = enc.reorder((keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1))
     return _Beams(
         beams.sent.index_select(0, keep),

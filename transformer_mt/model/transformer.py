@@ -9,7 +9,9 @@ separate source embedding) is a `ModelConfig` key that is off by default.
 
 The decoding API (`encode`, `init_cache`, `decode` with a `DecoderCache`) lets
 beam search run one new position per step: cross-attention keys/values are
-computed once per sentence, self-attention keys/values are appended per step.
+computed and held once per sentence, self-attention keys/values are written
+once per step and never copied when beams are reordered
+(`transformer_mt.model.cache`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.attention import CrossAttention, SelfAttention, causal_mask_with_past
+from transformer_mt.model.attention import CrossAttention, SelfAttention
+from transformer_mt.model.cache import MIN_CAPACITY, DecoderCache, LayerCache, Step
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 
 
@@ -35,71 +38,8 @@ class EncoderOut:
     src_pad_mask: Tensor  # (B, S) bool, True at padding
 
     def reorder(self, index: Tensor) -> EncoderOut:
-        """A new EncoderOut with rows `index` (LongTensor): repeat for beams or drop finished sentences."""
+        """A new EncoderOut with rows `index` (LongTensor): drop finished sentences, or repeat rows for beams."""
         return EncoderOut(self.memory.index_select(0, index), self.src_pad_mask.index_select(0, index))
-
-
-@dataclass
-class LayerCache:
-    """Keys/values of one decoder layer, heads on dim 1: (B, H, positions, D/H)."""
-
-    self_k: Tensor | None  # (B', H, L, Dh) target positions so far, rows not yet reordered; None before step 1
-    self_v: Tensor | None
-    cross_k: Tensor  # (B, H, S, Dh) computed once from the encoder output
-    cross_v: Tensor
-
-
-@dataclass
-class DecoderCache:
-    """Incremental decoding state, passed explicitly to `Transformer.decode` and updated in place.
-
-    Reordering the self-attention keys/values is deferred to the next
-    `decode`, which gathers the kept rows straight into the grown tensor: one
-    copy of the cache per beam step instead of two (reorder, then append).
-    """
-
-    layers: list[LayerCache]
-    cross_mask: Tensor | None  # (B, 1, 1, S) bool, True where attending is allowed; None when no padding
-    rows: Tensor | None = None  # (B,) rows of each layer's self_k/self_v that make up the batch; None: all
-
-    @property
-    def length(self) -> int:
-        """Target positions already cached (the position offset of the next step)."""
-        k = self.layers[0].self_k
-        return 0 if k is None else k.shape[2]
-
-    def reorder(self, index: Tensor, cross: bool = True) -> DecoderCache:
-        """Keep rows `index` (LongTensor) of the cache, in place; returns self.
-
-        Beam search calls this after each step with the beams it keeps, and to
-        drop finished sentences. `cross=False` skips the cross-attention
-        keys/values and source mask: exact, and cheaper, when `index` only
-        moves rows among those of the same sentence (they share that state).
-        """
-        # Before the first `decode` nothing is cached yet, but the rows still name the batch `decode` must get.
-        self.rows = index if self.rows is None else self.rows.index_select(0, index)
-        if cross:
-            for layer in self.layers:
-                layer.cross_k = layer.cross_k.index_select(0, index)
-                layer.cross_v = layer.cross_v.index_select(0, index)
-            if self.cross_mask is not None:
-                self.cross_mask = self.cross_mask.index_select(0, index)
-        return self
-
-
-def append_positions(past: Tensor | None, new: Tensor, rows: Tensor | None) -> Tensor:
-    """past[rows] (B, H, L, Dh) followed by new (B, H, T, Dh) on dim 2, with a single copy of past."""
-    if past is None:
-        return new
-    B, H, T, Dh = new.shape
-    L = past.shape[2]
-    out = new.new_empty(B, H, L + T, Dh)
-    if rows is None:
-        out[:, :, :L] = past
-    else:
-        torch.index_select(past, 0, rows, out=out[:, :, :L])
-    out[:, :, L:] = new
-    return out
 
 
 def residual(
@@ -163,31 +103,25 @@ class DecoderLayer(nn.Module):
         cross_v: Tensor,
         cross_mask: Tensor | None,
         cache: LayerCache | None = None,
-        rows: Tensor | None = None,
+        step: Step | None = None,
     ) -> Tensor:
-        """x (B, T, D) new target positions; cross_k/v (B, H, S, Dh); cross_mask (B, 1, 1, S) or None.
+        """x (B*G, T, D) new target positions; cross_k/v (B, H, S, Dh); cross_mask (B, 1, 1, S) or None.
 
-        With a cache, `rows` says which cached rows form the batch (a pending beam reorder).
+        G = x rows per cross-attention row (the beams of a sentence; 1 without
+        a cache). With a cache, `step` says where the new positions go.
         """
-        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, rows), self.drop, self.pre)
+        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step), self.drop, self.pre)
         x = residual(x, self.norm2, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask), self.drop, self.pre)
         return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D)
 
-    def _self_attend(self, h: Tensor, cache: LayerCache | None, rows: Tensor | None) -> Tensor:
-        """Causal self-attention; with a cache, h holds only new positions and their K/V are appended."""
+    def _self_attend(self, h: Tensor, cache: LayerCache | None, step: Step | None) -> Tensor:
+        """Causal self-attention; with a cache, h holds only new positions and their K/V are added to it."""
         q, k, v = self.self_attn.project(h)  # (B, H, T, Dh) each
-        if cache is None:
+        if cache is None or step is None:
             # Right padding: a real query only ever sees earlier, real keys, so the causal mask suffices.
             return self.self_attn.attend(q, k, v, is_causal=True)
-        past = 0 if cache.self_k is None else cache.self_k.shape[2]
-        k = cache.self_k = append_positions(cache.self_k, k, rows)  # (B, H, past+T, Dh)
-        v = cache.self_v = append_positions(cache.self_v, v, rows)
-        new = q.shape[2]
-        if new == 1:  # one new query may see every cached key: no mask at all
-            return self.self_attn.attend(q, k, v)
-        if past == 0:
-            return self.self_attn.attend(q, k, v, is_causal=True)
-        return self.self_attn.attend(q, k, v, mask=causal_mask_with_past(new, past, q.device))
+        keys, values = cache.append(k, v, step)  # (n, H, (past+T)*k, Dh), n = B / k sentences
+        return self.self_attn.attend(q, keys, values, mask=step.mask, groups=step.beams)
 
 
 def key_mask(pad_mask: Tensor) -> Tensor:
@@ -275,13 +209,20 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return EncoderOut(x, src_pad_mask)
 
-    def init_cache(self, enc: EncoderOut) -> DecoderCache:
-        """An empty decoding cache holding each layer's cross-attention keys/values of `enc`."""
+    def init_cache(self, enc: EncoderOut, beams: int = 1, capacity: int = MIN_CAPACITY) -> DecoderCache:
+        """An empty cache for ``beams`` hypotheses per sentence of `enc`, holding each layer's cross-attention
+        keys/values once per sentence.
+
+        Rows r*beams .. r*beams+beams-1 of a decode batch belong to sentence r.
+        ``capacity`` target positions are allocated at the first step; beam
+        search passes the most it can decode, so the cache never has to grow.
+        """
         layers = []
         for layer in self.decoder:
             k, v = layer.cross_attn.project_memory(enc.memory)  # (B, H, S, Dh) each
             layers.append(LayerCache(None, None, k.contiguous(), v.contiguous()))
-        return DecoderCache(layers, padding_mask_or_none(enc.src_pad_mask))
+        ancestry = torch.zeros(enc.memory.shape[0], beams, 0, dtype=torch.long, device=enc.memory.device)
+        return DecoderCache(layers, padding_mask_or_none(enc.src_pad_mask), beams, ancestry, capacity)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
         """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
@@ -292,10 +233,10 @@ class Transformer(nn.Module):
         cross-attention state is read from the cache, not from `enc`.
         """
         offset = 0 if cache is None else cache.length
-        if cache is not None and cache.rows is not None and cache.rows.shape[0] != tgt_in.shape[0]:
+        if cache is not None and cache.rows != tgt_in.shape[0]:
             raise ValueError(
-                f"decode got {tgt_in.shape[0]} target rows but the cache was last reordered to "
-                f"{cache.rows.shape[0]} rows; pass one row per reordered cache row"
+                f"decode got {tgt_in.shape[0]} target rows but the cache holds {cache.rows} "
+                f"({cache.rows // cache.beams} sentences x {cache.beams} beams); pass one row per cache row"
             )
         x = self._embed(self.embed, tgt_in, offset)  # (B, T, D)
         if cache is None:
@@ -304,9 +245,10 @@ class Transformer(nn.Module):
                 k, v = layer.cross_attn.project_memory(enc.memory)
                 x = layer(x, k, v, cross_mask, None)
         else:
+            step = cache.step(tgt_in.shape[1])
             for layer, lc in zip(self.decoder, cache.layers, strict=True):
-                x = layer(x, lc.cross_k, lc.cross_v, cache.cross_mask, lc, cache.rows)
-            cache.rows = None  # the pending reorder is now applied
+                x = layer(x, lc.cross_k, lc.cross_v, cache.cross_mask, lc, step)
+            cache.advance(tgt_in.shape[1])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return F.linear(x, self.embed.weight)  # (B, T, V), tied pre-softmax projection

@@ -1,0 +1,176 @@
+"""Incremental decoding state for beam search: keys/values stored once, beams followed by ancestry.
+
+Beam search keeps k hypotheses per sentence in k consecutive rows; after each
+step the k best extensions replace them, each with any of the k as its parent.
+A cache that holds one row of keys/values per hypothesis (fairseq's) must then
+copy every hypothesis' past to its new row: a full copy of the self-attention
+cache per step into freshly allocated memory, as much memory traffic as the
+attention itself. This cache copies nothing when beams are reordered:
+
+- Cross-attention keys/values are computed once per sentence and held once;
+  the k beams' queries attend to them side by side
+  (`transformer_mt.model.attention.group_queries`).
+- Self-attention keys/values are written once, where they were computed: per
+  sentence, position and beam slot, in a buffer allocated for the longest
+  output the search allows (or grown by doubling when no length is given). A
+  hypothesis' history is one slot per position; ``ancestry[s, b, t]`` names
+  the slot of position t for the hypothesis now in beam b of sentence s. The
+  k queries of a sentence attend to all k*L entries of that sentence, masked
+  so that each sees exactly its own history (with k = 1, no mask at all). A
+  reorder rewrites only this small (n, k, L) table of slot numbers.
+- Sentences that leave the batch are dropped by an index_select over
+  sentences, the only copy of cached keys/values.
+
+Masked entries get exactly zero attention weight, so each hypothesis attends
+to the same keys and values, at the same positions, as with per-row copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MIN_CAPACITY = 16  # positions allocated at least; a full buffer doubles
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every decoder layer needs for one cached `decode` call: where the new positions go and what they see."""
+
+    length: int  # positions cached before this call (the position of the first new one)
+    beams: int  # k: consecutive rows per sentence
+    mask: Tensor | None  # (n, 1, k*T, (length+T)*k) bool, True where a query may attend; None: everything
+    capacity: int = MIN_CAPACITY  # positions to allocate when the buffers are created
+
+
+@dataclass
+class LayerCache:
+    """Keys/values of one decoder layer."""
+
+    self_k: Tensor | None  # (n, H, capacity, k, Dh): positions [:length] written; None before the first step
+    self_v: Tensor | None
+    cross_k: Tensor  # (n, H, S, Dh), one row per sentence, shared by its beams
+    cross_v: Tensor
+
+    def append(self, k: Tensor, v: Tensor, step: Step) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (n*k, H, T, Dh) after ``step.length`` positions; return all: (n, H, (length+T)*k, Dh).
+
+        The returned views list each sentence's entries position-major (the k
+        slots of position 0, then of position 1, ...), the key order of
+        `DecoderCache.step`'s mask; no entry is copied.
+        """
+        self.self_k = _write(self.self_k, k, step)
+        self.self_v = _write(self.self_v, v, step)
+        end = step.length + k.shape[2]
+        return self.self_k[:, :, :end].flatten(2, 3), self.self_v[:, :, :end].flatten(2, 3)
+
+    def keep_sentences(self, sentences: Tensor) -> None:
+        """Keep the sentences ``sentences`` (LongTensor), in that order: the only copy of cached keys/values."""
+        self.cross_k = self.cross_k.index_select(0, sentences)
+        self.cross_v = self.cross_v.index_select(0, sentences)
+        if self.self_k is not None and self.self_v is not None:
+            self.self_k = self.self_k.index_select(0, sentences)
+            self.self_v = self.self_v.index_select(0, sentences)
+
+
+def _write(buffer: Tensor | None, new: Tensor, step: Step) -> Tensor:
+    """``buffer`` with ``new`` (n*k, H, T, Dh) written at positions length .. length+T-1, grown first if too short."""
+    rows, H, T, Dh = new.shape
+    end = step.length + T
+    if buffer is None or buffer.shape[2] < end:
+        old = 0 if buffer is None else buffer.shape[2]
+        grown = new.new_empty(rows // step.beams, H, max(end, 2 * old, step.capacity), step.beams, Dh)
+        if buffer is not None:
+            grown[:, :, : step.length] = buffer[:, :, : step.length]
+        buffer = grown
+    buffer[:, :, step.length : end] = new.unflatten(0, (rows // step.beams, step.beams)).permute(0, 2, 3, 1, 4)
+    return buffer
+
+
+@dataclass
+class DecoderCache:
+    """Incremental decoding state of n sentences x k beams, passed explicitly to `Transformer.decode`.
+
+    Row r of a decode batch is beam r % k of sentence r // k. `reorder` after
+    each beam step rewrites the ancestry table only (see the module docstring).
+    """
+
+    layers: list[LayerCache]
+    cross_mask: Tensor | None  # (n, 1, 1, S) bool, True where attending is allowed; None when no padding
+    beams: int  # k: rows per sentence
+    ancestry: Tensor  # (n, k, length) long: the slot holding each position of each beam's history
+    capacity: int = MIN_CAPACITY  # target positions to allocate at the first step (more are added by doubling)
+
+    @property
+    def length(self) -> int:
+        """Target positions already cached (the position offset of the next step)."""
+        return self.ancestry.shape[2]
+
+    @property
+    def rows(self) -> int:
+        """Rows a `decode` batch must have: sentences x beams."""
+        return self.ancestry.shape[0] * self.beams
+
+    def step(self, new: int) -> Step:
+        """The `Step` of a decode call with ``new`` positions, its self-attention mask built once for all layers.
+
+        Query (beam b, new position j) may attend to the entry (position t,
+        slot c) when t <= length + j and c is the slot of position t in the
+        history of beam b (its own slot for the new positions).
+        """
+        n, k, length = self.ancestry.shape
+        if k == 1 and new == 1:
+            return Step(length, k, None, self.capacity)  # one query per sentence, its whole history: no mask
+        slots = torch.arange(k, device=self.ancestry.device)
+        history = self._history(new)[:, :, None, :, None] == slots  # (n, k, 1, length+new, k)
+        positions = torch.arange(length + new, device=self.ancestry.device)
+        causal = positions[None, :] <= (length + positions[:new])[:, None]  # (new, length+new)
+        mask = history & causal[None, None, :, :, None]  # (n, k, new, length+new, k)
+        return Step(length, k, mask.view(n, 1, k * new, (length + new) * k), self.capacity)
+
+    def advance(self, new: int) -> None:
+        """Record ``new`` positions written by every layer, each beam in its own slot."""
+        self.ancestry = self._history(new)
+
+    def _history(self, new: int) -> Tensor:
+        """(n, k, length+new): the ancestry followed by each beam's own slot for the new positions."""
+        n, k, _ = self.ancestry.shape
+        own = torch.arange(k, device=self.ancestry.device).view(1, k, 1).expand(n, k, new)
+        return torch.cat([self.ancestry, own], dim=2)
+
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Row r now continues the hypothesis of old row ``index[r]`` (LongTensor); in place, returns self.
+
+        Beam search calls this after each step with the parent of each new
+        beam. Beams stay within their sentence: ``index[r] // k`` must be
+        sentence ``r // k`` or, when ``sentences`` (n',) is given to drop
+        (or repeat) sentences, sentence ``sentences[r // k]``. Only then are
+        cached keys/values copied, once per kept sentence.
+        """
+        n, k, length = self.ancestry.shape
+        kept = torch.arange(n, device=index.device) if sentences is None else sentences
+        _check_within_sentences(index, kept, k)
+        self.ancestry = self.ancestry.flatten(0, 1).index_select(0, index).view(kept.numel(), k, length)
+        if sentences is not None:
+            for layer in self.layers:
+                layer.keep_sentences(sentences)
+            if self.cross_mask is not None:
+                self.cross_mask = self.cross_mask.index_select(0, sentences)
+        return self
+
+
+def _check_within_sentences(index: Tensor, kept: Tensor, k: int) -> None:
+    """Refuse an index that moves a row to another sentence: the cache holds one ancestry per sentence."""
+    expected = kept.repeat_interleave(k)
+    if index.shape != expected.shape:
+        raise ValueError(f"reorder got {index.numel()} rows for {kept.numel()} sentences x {k} beams")
+    wrong = (index.div(k, rounding_mode="floor") != expected).nonzero()
+    if wrong.numel():
+        r = int(wrong[0])
+        raise ValueError(
+            f"reorder moves row {int(index[r])} (sentence {int(index[r]) // k}) to row {r} of sentence "
+            f"{int(expected[r])}; a beam continues a hypothesis of its own sentence, and sentences are dropped or "
+            "repeated only through `sentences`"
+        )
