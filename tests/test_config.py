@@ -77,6 +77,7 @@ def test_unknown_section_and_unknown_set_key():
         ("model.share_embeddings=3", "expected true or false"),
         ("model.norm=middle", "'middle' is not one of 'post', 'pre'"),
         ("train.lr_scale=fast", "expected a number"),
+        ("decode.quantize=int4", "key 'decode.quantize': 'int4' is not one of 'none', 'int8'"),
     ],
 )
 def test_wrong_types_name_the_key(override, message):
@@ -196,4 +197,4 @@ def test_paper_configs_keep_every_deviation_off(name):
         "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0, 0.0,
     )  # fmt: skip
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
-    assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b) == (4, 0.6, "gnmt", 50)
+    assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")

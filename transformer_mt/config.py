@@ -134,6 +134,7 @@ class DecodeConfig:
     max_len_b: int = 50
     batch_tokens: int = 8000  # source tokens per translation batch
     nbest: int = 1
+    quantize: Literal["none", "int8"] = "none"  # deviation: int8 dynamic quantization of the Linear layers (CPU only)
 
 
 @dataclass
