@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from transformer_mt.train.checkpoint import (
     save_checkpoint,
 )
 from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -189,6 +191,70 @@ def test_resume_with_another_world_size_converts_the_position_when_it_carries_ov
     train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
     assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 7
     assert "written by 2 processes, this run has 1; dropout masks are reseeded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("key", "value"), [("max_tokens", 400), ("seed", 7)])
+def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_toy, tmp_path, capsys, key, value):
+    """Resumed 3 batches into epoch 1 with another max_tokens or seed: epoch 1 starts over, no sentence skipped."""
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    state = load_checkpoint(run / checkpoint_name(3))
+    assert (state["batch_in_epoch"], state["batching"][key]) == (3, getattr(prepared_toy.train, key))
+    capsys.readouterr()
+    train_model(_cfg(prepared_toy, run, max_updates=4, validate_every=100, **{key: value}))
+    err = capsys.readouterr().err
+    old = getattr(prepared_toy.train, key)
+    assert f"warning: train.{key} was {old}, now {value}: {run / checkpoint_name(3)} was written 3 of" in err
+    assert "epoch 1 starts over" in err and "first 3 batches are trained on again" in err
+    assert "resume with the old value(s)" in err
+    state = load_checkpoint(run / checkpoint_name(4))
+    assert (state["epoch"], state["batch_in_epoch"], state["batching"][key]) == (1, 1, value)
+    train_model(_cfg(prepared_toy, run, max_updates=5, validate_every=100, **{key: value}))  # the new order holds
+    assert "starts over" not in capsys.readouterr().err
+    assert load_checkpoint(run / checkpoint_name(5))["batch_in_epoch"] == 2
+
+
+def test_a_batch_order_change_at_the_end_of_an_epoch_goes_on_to_the_next(prepared_toy, tmp_path, capsys):
+    """A checkpoint that finished its epoch (as train.max_epochs leaves it): the change takes effect at once, quietly."""
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    path = run / checkpoint_name(1)
+    state = load_checkpoint(path)
+    state["batch_in_epoch"] = state["batching"]["batches"]
+    save_checkpoint(path, state)
+    capsys.readouterr()
+    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100, max_tokens=400))
+    assert "starts over" not in capsys.readouterr().err
+    state = load_checkpoint(run / checkpoint_name(2))
+    assert (state["epoch"], state["batch_in_epoch"]) == (2, 1)
+
+
+def test_a_checkpoint_without_a_batching_record_resumes_as_before(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    path = run / checkpoint_name(1)
+    state = load_checkpoint(path)
+    del state["batching"]
+    save_checkpoint(path, state)
+    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100, seed=7))
+    assert "starts over" not in capsys.readouterr().err
+    assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 2
+
+
+def test_batching_changes_name_each_key_and_the_data():
+    lens = np.array([3, 4, 5])
+    key = batching_key(lens, lens, 512, 1, 256)
+    assert batching_changes(key, key) == []
+    assert batching_changes(key, batching_key(lens, lens, 600, 2, 256)) == [
+        "train.max_tokens was 512, now 600",
+        "train.seed was 1, now 2",
+    ]
+    assert batching_changes(key, batching_key(lens[:2], lens[:2], 512, 1, 256)) == [
+        "the training data in data.dir changed (3 sentences, now 2)"
+    ]
+    assert batching_changes(key, batching_key(lens + 1, lens, 512, 1, 256)) == [
+        "the training data in data.dir changed (3 sentences, now 3, other lengths)"
+    ]
 
 
 def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(prepared_toy, tmp_path, capsys):

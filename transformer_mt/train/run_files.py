@@ -1,4 +1,4 @@
-"""Rank 0's files in the run directory, and the RNG state a checkpoint carries.
+"""Rank 0's files in the run directory, and the RNG state and batching a checkpoint carries.
 
 ``save_dir`` holds ``config.yaml`` (the resolved config), ``metrics.jsonl``
 (one JSON object per line) and, when the ``tensorboard`` package is installed,
@@ -9,12 +9,14 @@ dropped, and a run that starts from scratch starts an empty file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -60,6 +62,50 @@ def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> No
             file=sys.stderr,
         )
     torch.manual_seed(dropout_seed(seed, env.rank) + update)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def batching_key(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, max_len: int
+) -> dict[str, Any]:
+    """What decides an epoch's batch order besides the epoch and the world size, as a checkpoint records it.
+
+    `epoch_batches` is a pure function of these (the world size is recorded
+    and converted apart, see `resume_position`), so a position in an epoch
+    means the same sentences on resume only while they are unchanged. The
+    training data enter as their count and a digest of their lengths (in
+    tokens), which is all the batching reads of them.
+    """
+    digest = hashlib.blake2b(np.ascontiguousarray(src_lens, dtype=np.int64).tobytes(), digest_size=8)
+    digest.update(np.ascontiguousarray(tgt_lens, dtype=np.int64).tobytes())
+    return {
+        "max_tokens": int(max_tokens),
+        "seed": int(seed),
+        "max_len": int(max_len),
+        "sentences": len(src_lens),
+        "lengths": digest.hexdigest(),
+    }
+
+
+def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between a checkpoint's `batching_key` and this run's, as the user would name it; [] if nothing."""
+    changes = [
+        f"{name} was {saved[key]}, now {current[key]}"
+        for key, name in (
+            ("max_tokens", "train.max_tokens"),
+            ("seed", "train.seed"),
+            ("max_len", "the longest sentence trained on (min of train.max_tokens and model.max_positions)"),
+        )
+        if saved.get(key) != current[key]
+    ]
+    if saved.get("sentences") != current["sentences"] or saved.get("lengths") != current["lengths"]:
+        changes.append(
+            f"the training data in data.dir changed ({saved.get('sentences'):,} sentences, now "
+            f"{current['sentences']:,}{'' if saved.get('sentences') != current['sentences'] else ', other lengths'})"
+        )
+    return changes
 
 
 # ---------------------------------------------------------------- run directory

@@ -49,7 +49,15 @@ from transformer_mt.train.checkpoint import (
 )
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
-from transformer_mt.train.run_files import RunFiles, dropout_seed, restore_rng, rng_state, write_config
+from transformer_mt.train.run_files import (
+    RunFiles,
+    batching_changes,
+    batching_key,
+    dropout_seed,
+    restore_rng,
+    rng_state,
+    write_config,
+)
 from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress
 from transformer_mt.train.step import (
@@ -209,6 +217,10 @@ class Trainer:
             split: int(too_long(ds.src_lens, ds.tgt_lens, self.max_len).sum())
             for split, ds in (("train", self.train_ds), ("valid", self.valid_ds))
         }
+        self.batching = batching_key(
+            self.train_ds.src_lens, self.train_ds.tgt_lens, tc.max_tokens, tc.seed, self.max_len
+        )
+        self._epoch_cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches of it)
         self.spm_bytes = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
         vocab_size = load_bpe(spm_path).get_piece_size()
         self.precision = resolve_precision(tc.precision, env.device)
@@ -276,7 +288,7 @@ class Trainer:
             self.step.scaler.load_state_dict(state["scaler"])
         p = self.progress
         p.update, p.epoch = int(state["update"]), int(state["epoch"])
-        p.batch_in_epoch = self._resume_position(path, int(state["batch_in_epoch"]), int(state["rng"]["world_size"]))
+        p.batch_in_epoch = self._resume_position(path, state)
         p.best_valid_loss = float(state.get("best_valid_loss", math.inf))
         p.valid_loss = state.get("valid_loss")
         p.valid_update = int(state.get("valid_update", -1))
@@ -290,8 +302,18 @@ class Trainer:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
 
-    def _resume_position(self, path: Path, batch_in_epoch: int, saved_world_size: int) -> int:
-        """This rank's position in the epoch's batches, when the checkpoint was written by another world size."""
+    def _resume_position(self, path: Path, state: dict[str, Any]) -> int:
+        """This rank's position in the epoch's batches: carried over, converted to this world size, or restarted.
+
+        A change of what decides the batch order (`batching_key`) in the
+        middle of an epoch restarts the epoch (`_restart_epoch`); a change of
+        world size converts the position exactly where one exists.
+        """
+        batch_in_epoch, saved_world_size = int(state["batch_in_epoch"]), int(state["rng"]["world_size"])
+        saved = state.get("batching")  # absent from checkpoints written before it was recorded
+        changes = batching_changes(saved, self.batching) if saved else []
+        if changes and batch_in_epoch > 0:
+            return self._restart_epoch(path, changes, batch_in_epoch, int(saved["batches"]))
         ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
         position = resume_position(
             ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
@@ -305,6 +327,28 @@ class Trainer:
                 f"(--nproc-per-node {saved_world_size}), or start a new train.save_dir"
             )
         return position
+
+    def _restart_epoch(self, path: Path, changes: list[str], batch_in_epoch: int, saved_batches: int) -> int:
+        """The position after the batch order changed mid-epoch: the epoch's start (or its end, if it was done).
+
+        The sentences the old order had not reached cannot be cut into new
+        batches without knowing them all, so the epoch starts over under the
+        new order, deterministically: the sentences it had trained on are seen
+        again this epoch, none is skipped. Said loudly, with how to avoid it.
+        """
+        epoch = self.progress.epoch
+        if batch_in_epoch >= saved_batches:
+            return len(self._epoch_batches())  # the epoch was finished: the next starts under the new order
+        if self.env.is_main:
+            tqdm.write(
+                f"warning: {'; '.join(changes)}: {path} was written {batch_in_epoch:,} of {saved_batches:,} batches "
+                f"into epoch {epoch}, and the change reorders that epoch's batches, so epoch {epoch} starts over "
+                f"under the new order (the sentences of its first {batch_in_epoch:,} batches are trained on again). "
+                "To continue it exactly instead, stop and resume with the old value(s); change them once a "
+                "checkpoint ends an epoch (train.max_epochs) or before a run starts",
+                file=sys.stderr,
+            )
+        return 0
 
     def _announce(self, vocab_size: int) -> None:
         tc, env = self.cfg.train, self.env
@@ -337,6 +381,7 @@ class Trainer:
             "update": p.update,
             "epoch": p.epoch,
             "batch_in_epoch": p.batch_in_epoch,
+            "batching": {**self.batching, "batches": len(self._epoch_batches())},  # see _resume_position
             "scaler": self.step.scaler.state_dict() if self.step.scaler.is_enabled() else {},
             "rng": rng_state(self.env),  # a collective: every rank calls _save
             "best_valid_loss": p.best_valid_loss,
@@ -549,17 +594,20 @@ class Trainer:
     # -- the loop
 
     def _epoch_batches(self) -> list[np.ndarray]:
-        ds, tc, env = self.train_ds, self.cfg.train, self.env
+        """This rank's batches of the current epoch, computed once per epoch (seconds on WMT's 4.5M sentences)."""
+        ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
+        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
+            return self._epoch_cache[1]
         batches = epoch_batches(
-            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, self.progress.epoch, env.rank, env.world_size,
-            self.max_len,
-        )  # fmt: skip
+            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, env.rank, env.world_size, self.max_len
+        )
         if not batches:
             raise TrainError(
                 f"{self.data_dir}: no training batch: every sentence is longer than {self.max_len} tokens "
                 f"(min of train.max_tokens={tc.max_tokens} and model.max_positions={self.cfg.model.max_positions}); "
                 "raise train.max_tokens"
             )
+        self._epoch_cache = (epoch, batches)
         return batches
 
     def _updates(self) -> Iterator[list[np.ndarray]]:
