@@ -88,6 +88,31 @@ def test_decay_fraction_holds_the_peak_then_decays_over_the_end(kind, progress):
     assert sched.lr(7, progress) == pytest.approx(expected, rel=1e-12, abs=1e-18)
 
 
+@pytest.mark.parametrize("step", [1, 20, 40, 79, 80, 81, 130, 160, 200])
+def test_min_warmup_is_a_floor_under_the_warmup_fraction(step):
+    """A 200-update budget with a 10% warmup would warm up over 20 updates; a floor of 80 makes it 80."""
+    f, d, floor, peak, budget = 0.1, 0.3, 80, 1e-3, 200
+    cfg = TrainConfig(schedule="linear", lr=peak, warmup_fraction=f, decay_fraction=d, min_warmup=floor)
+    sched, progress = Schedule.from_config(cfg, 256), step / budget
+    decay = 1 - max(progress - (1 - d), 0.0) / d
+    assert sched.lr(step, progress) == pytest.approx(peak * min(progress / f, step / floor, decay), rel=1e-12)
+    assert sched.warming_up(step, progress) == (step < floor)
+
+
+@pytest.mark.parametrize("step", [1, 40, 80, 81, 120, 200, 900, 2000])
+def test_min_warmup_with_inverse_sqrt_decays_from_where_the_ramp_ends(step):
+    f, floor, peak, budget = 0.1, 80, 1e-3, 2000  # the fraction's warmup (200 updates) is the longer here
+    sched = Schedule.from_config(TrainConfig(lr=peak, warmup_fraction=f, min_warmup=floor), 256)
+    progress = step / budget
+    ramp = min(progress / f, step / floor)
+    decay = max(math.sqrt(f / progress), math.sqrt(floor / step))
+    assert sched.lr(step, progress) == pytest.approx(peak * min(ramp, decay), rel=1e-12)
+    assert sched.lr(200, 0.1) == pytest.approx(peak)  # the peak where the longer warmup ends
+    short = Schedule.from_config(TrainConfig(lr=peak, warmup_fraction=f, min_warmup=floor), 256)
+    assert short.lr(80, 0.4) == pytest.approx(peak)  # a 200-update budget: the floor's warmup is the longer
+    assert short.lr(160, 0.8) == pytest.approx(peak * math.sqrt(80 / 160))
+
+
 def test_progress_is_the_bound_reached_first():
     assert horizon_progress(50, 1.0, 100, 0) == 0.5
     assert horizon_progress(50, 15.0, 100, 20) == 0.75  # the clock is ahead of the update count
@@ -107,6 +132,10 @@ def test_schedule_keys_are_checked(tmp_path):
         load_config(overrides=["train.decay_fraction=0.2"])  # inverse_sqrt has no end to decay to
     with pytest.raises(ConfigError, match="snapshot_span"):
         load_config(overrides=["train.snapshot_span=-0.1"])
+    with pytest.raises(ConfigError, match="min_warmup"):
+        load_config(overrides=["train.min_warmup=80"])  # a floor under nothing: the warmup is in updates
+    with pytest.raises(ConfigError, match="min_warmup"):
+        load_config(overrides=["train.min_warmup=-1", "train.lr=0.001", "train.warmup_fraction=0.1"])
     with pytest.raises(ConfigError, match="'linear'"):
         load_config(overrides=["train.schedule=linaer"])
 

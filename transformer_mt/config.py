@@ -95,6 +95,7 @@ class TrainConfig:
     lr: float = 0.0  # deviation: the peak lr itself; 0 keeps the paper's lr_scale * d_model^-0.5 * warmup^-0.5
     warmup_fraction: float = 0.0  # deviation: warmup as a fraction of the run's budget instead of `warmup` updates
     decay_fraction: float = 0.0  # deviation: linear/cosine hold the peak and decay over this last fraction only
+    min_warmup: int = 0  # deviation: with warmup_fraction, warm up over at least this many updates; 0: no floor
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -358,6 +359,12 @@ def _validate_schedule(tc: TrainConfig) -> None:
         )
     if tc.decay_fraction > 0 and tc.schedule == "inverse_sqrt":
         raise ConfigError("train.decay_fraction applies to train.schedule=linear or cosine, not inverse_sqrt")
+    if tc.min_warmup < 0:
+        raise ConfigError(f"train.min_warmup must be 0 (no floor) or a number of updates, got {tc.min_warmup}")
+    if tc.min_warmup > 0 and tc.warmup_fraction == 0:
+        raise ConfigError(
+            "train.min_warmup is a floor under train.warmup_fraction; with a warmup in updates, set train.warmup"
+        )
     if tc.warmup_fraction > 0 and tc.lr == 0:
         raise ConfigError(
             "train.warmup_fraction needs a peak learning rate: the paper's peak depends on train.warmup in updates; "

@@ -30,9 +30,12 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
 
     ``lr = peak * min(ramp, decay)``. The ramp is ``step / warmup`` (warmup in
     updates), or ``progress / warmup_fraction`` when the warmup is a fraction
-    of the horizon. The decay after the ramp:
+    of the horizon; with ``min_warmup`` as well, the slower of that and
+    ``step / min_warmup``, so that a tiny budget still warms up over enough
+    updates for post-norm to stay stable. The decay after the ramp:
 
-    - ``inverse_sqrt``: ``sqrt(warmup / step)``, or ``sqrt(warmup_fraction / progress)``:
+    - ``inverse_sqrt``: ``sqrt(warmup / step)``, or ``sqrt(warmup_fraction / progress)``
+      (the larger of that and ``sqrt(min_warmup / step)``: it starts where the ramp ends):
       with the paper's peak this is exactly eq. 3 (`inverse_sqrt_lr`);
     - ``linear``: from the peak at the end of warmup to 0 at the end of the horizon;
     - ``cosine``: half a cosine over the same span.
@@ -48,11 +51,15 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
     """
     if step < 1:
         raise ValueError(f"the schedule counts updates from 1, got step {step}")
-    f, d = schedule.warmup_fraction, schedule.decay_fraction
+    f, d, floor = schedule.warmup_fraction, schedule.decay_fraction, schedule.min_warmup
     p = min(max(progress, 0.0), 1.0)
     ramp = p / f if f > 0 else step / schedule.warmup
+    if f > 0 and floor > 0:
+        ramp = min(ramp, step / floor)
     if schedule.kind == "inverse_sqrt":
         decay = (math.sqrt(f / p) if p > 0 else 1.0) if f > 0 else math.sqrt(schedule.warmup / step)
+        if f > 0 and floor > 0:
+            decay = max(decay, math.sqrt(floor / step))
     else:
         # t: how much of the decay span (0..1) lies behind; 0 while warming up or holding the peak
         if d > 0:
@@ -74,12 +81,13 @@ class Schedule:
     warmup: int  # warmup in updates (used when warmup_fraction is 0)
     warmup_fraction: float  # warmup as a fraction of the horizon; 0: use `warmup`
     decay_fraction: float = 0.0  # linear/cosine: decay over this last fraction of the horizon only; 0: all after warmup
+    min_warmup: int = 0  # with warmup_fraction: the warmup lasts at least this many updates; 0: no floor
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, d_model: int) -> Schedule:
         """``train.lr`` is the peak; 0 means the paper's ``lr_scale * (d_model * warmup)^-0.5``."""
         peak = cfg.lr if cfg.lr > 0 else cfg.lr_scale * (d_model * cfg.warmup) ** -0.5
-        return cls(cfg.schedule, peak, cfg.warmup, cfg.warmup_fraction, cfg.decay_fraction)
+        return cls(cfg.schedule, peak, cfg.warmup, cfg.warmup_fraction, cfg.decay_fraction, cfg.min_warmup)
 
     def lr(self, step: int, progress: float) -> float:
         return warmup_decay_lr(step, progress, self)
@@ -87,7 +95,7 @@ class Schedule:
     def warming_up(self, step: int, progress: float) -> bool:
         """Whether update ``step`` is still inside the warmup: a run stopped there has not trained at full lr."""
         if self.warmup_fraction > 0:
-            return progress < self.warmup_fraction
+            return progress < self.warmup_fraction or step < self.min_warmup
         return step < self.warmup
 
 
