@@ -59,6 +59,14 @@ def prepared_toy(tmp_path_factory) -> Config:
     return cfg
 
 
+@pytest.fixture
+def unprepared_toy(tmp_path) -> Config:
+    """A small toy corpus (300 train / 20 valid / 20 test pairs) under ``tmp_path``, not prepared yet; its config."""
+    cfg = tiny_toy_config(tmp_path)
+    write_corpus(tmp_path / "corpus", pairs=300, valid=20, test=20, seed=cfg.train.seed)
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and do not stall when other processes hold the cores.

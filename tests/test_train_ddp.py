@@ -157,3 +157,41 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
     metrics = (run / "metrics.jsonl").read_text().splitlines()
     assert sum('"kind": "valid"' in line for line in metrics) == 2  # written once, by rank 0
     assert sum('"bleu_sentences": 6' in line for line in metrics) == 2 and "best_valid_bleu" in state
+
+
+def _prepare_worker(rank: int, port: int, cfg_dict: dict, out_dir: str) -> None:
+    """One rank of a run whose data is not prepared yet; rank 0's preparation outlasts the collective timeout."""
+    import datetime
+    import time
+
+    from transformer_mt.config import config_from_dict
+    from transformer_mt.data import prepare
+    from transformer_mt.train.trainer import prepare_on_rank0
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
+    real = prepare.prepare_data
+
+    def slow_prepare(cfg, force=False):
+        time.sleep(4)  # as WMT would, at scale: longer than the process group's timeout
+        return real(cfg, force)
+
+    prepare.prepare_data = slow_prepare
+    try:
+        data_dir = prepare_on_rank0(config_from_dict(cfg_dict), DistEnv(rank, 2, rank, torch.device("cpu"), rank == 0))
+        dist.barrier()  # both ranks still in the process group: nobody timed out
+        Path(out_dir, f"rank{rank}").write_text(str(data_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_wait_for_rank_0_to_prepare_outside_any_collective(unprepared_toy, tmp_path, free_port):
+    """With a 2 s collective timeout and a 4 s preparation, rank 1 polls for the data instead of timing out."""
+    from transformer_mt.data.prepare import is_prepared
+
+    cfg = unprepared_toy
+    args = (free_port(), cfg.to_dict(), str(tmp_path))
+    mp.spawn(_prepare_worker, args=args, nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [cfg.data.dir, cfg.data.dir]
+    assert is_prepared(cfg)

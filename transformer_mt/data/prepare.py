@@ -97,6 +97,27 @@ def is_prepared(cfg: Config) -> bool:
     return _up_to_date(manifest, cfg, _fingerprints(splits, manifest, quiet=True))
 
 
+def wait_until_prepared(cfg: Config, waiter: str, poll_seconds: float = 5.0, note_every: float = 300.0) -> None:
+    """Return once another process has made ``data.dir`` up to date (`is_prepared`); no timeout.
+
+    For the processes of a distributed run while one of them prepares: at
+    WMT size that takes longer than a collective operation may wait, so they
+    poll the manifest that `prepare_data` writes last instead. If the preparing
+    process fails, its launcher (torchrun) stops the waiting ones. ``waiter``
+    names the waiting process in the note printed every ``note_every`` seconds.
+    """
+    start = last = time.monotonic()
+    while not is_prepared(cfg):
+        time.sleep(poll_seconds)
+        if time.monotonic() - last >= note_every:
+            last = time.monotonic()
+            _say(
+                f"{waiter} has waited {(last - start) / 60:.0f} min for rank 0 to prepare {cfg.data.dir}; if that "
+                "directory is not on a file system shared with rank 0's host, stop and run `tmt prepare CONFIG` "
+                "on this host first"
+            )
+
+
 def prepare_data(cfg: Config, force: bool = False) -> Path:
     """Make ``data.dir`` up to date with the inputs and config, and return it."""
     out = Path(cfg.data.dir)

@@ -205,7 +205,7 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         self.cfg, self.env, tc = cfg, env, cfg.train
         self.save_dir = Path(tc.save_dir)
-        self.data_dir = self._prepare()
+        self.data_dir = prepare_on_rank0(cfg, env)
         try:
             self.train_ds = ParallelDataset(self.data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
             self.valid_ds = ParallelDataset(self.data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
@@ -250,25 +250,6 @@ class Trainer:
             self._announce(vocab_size)
 
     # -- setup
-
-    def _prepare(self) -> Path:
-        """Rank 0 prepares the data (when needed); the others wait, then learn whether it worked."""
-        from transformer_mt.data.prepare import PrepareError, prepare_data
-
-        error: Exception | None = None
-        if self.env.is_main:
-            try:
-                data_dir = prepare_data(self.cfg)
-            except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
-                error = err
-        (failed,) = all_reduce_sum([1.0 if error else 0.0], self.env)
-        if isinstance(error, PrepareError):
-            raise TrainError(str(error)) from None
-        if error is not None:
-            raise error
-        if failed:
-            raise TrainError("rank 0 could not prepare the data (its message says why)")
-        return Path(data_dir) if self.env.is_main else Path(self.cfg.data.dir)
 
     def _resume(self) -> int | None:
         """Load the newest readable checkpoint of save_dir, if any; returns its update."""
@@ -479,7 +460,7 @@ class Trainer:
 
         The sentences are the first train.valid_bleu_sentences lines (-1: all)
         of the raw ``data.valid`` files (rank 0 has just checked them in
-        `_prepare`), exactly what `tmt evaluate --src --ref` would read.
+        `prepare_on_rank0`), exactly what `tmt evaluate --src --ref` would read.
         """
         if self._bleu_cache is not None:
             return self._bleu_cache
@@ -771,6 +752,25 @@ class Trainer:
             best_valid_bleu=p.best_valid_bleu if p.valid_bleu is not None else None,
             warnings=tuple(message for _, message in warnings),
         )  # fmt: skip
+
+
+def prepare_on_rank0(cfg: Config, env: DistEnv) -> Path:
+    """Rank 0 prepares ``data.dir`` when needed; the other ranks wait for it outside any collective.
+
+    Preparing WMT takes far longer than a collective may wait (NCCL's default
+    timeout is 10 minutes), so the others poll for the finished data
+    (`wait_until_prepared`) and nobody waits in a collective meanwhile. When
+    rank 0 fails it raises at once, and torchrun stops the waiting ranks.
+    """
+    from transformer_mt.data.prepare import PrepareError, prepare_data, wait_until_prepared
+
+    if not env.is_main:
+        wait_until_prepared(cfg, f"rank {env.rank}")
+        return Path(cfg.data.dir)
+    try:
+        return Path(prepare_data(cfg))
+    except PrepareError as err:
+        raise TrainError(str(err)) from None
 
 
 def train_model(cfg: Config) -> TrainResult:
