@@ -19,16 +19,8 @@ from typer.testing import CliRunner
 
 from transformer_mt import files
 from transformer_mt.cli import app
-from transformer_mt.data.download import (
-    DownloadError,
-    clean_pair,
-    download_hf,
-    download_wmt14,
-    fetch_testsets,
-    format_summary,
-    is_complete,
-    read_marker,
-)
+from transformer_mt.data.download import download_hf, download_wmt14, fetch_testsets, format_summary
+from transformer_mt.data.download_files import DownloadError, clean_pair, is_complete, read_marker
 
 ROWS = [
     ("Hello world.", "Hallo Welt."),

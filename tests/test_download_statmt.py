@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.data.download import DownloadError, read_marker
+from transformer_mt.data.download_files import DownloadError, read_marker
 from transformer_mt.data.download_statmt import Corpus, download_statmt, fetch_archive, safe_extract
 
 

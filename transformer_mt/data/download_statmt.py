@@ -3,8 +3,8 @@
 Each archive in ``STATMT_CORPORA`` is downloaded into ``OUT/archives/`` with HTTP
 Range resumption (``fetch_archive``), checked against its size and sha256, and
 extracted with path checks (``safe_extract``); ``download_statmt`` concatenates the
-aligned members into OUT/train.* through the shared writer of
-:mod:`transformer_mt.data.download`, which calls it and re-exports these names.
+aligned members into OUT/train.* through the writer of
+:mod:`transformer_mt.data.download_files`, as every source does.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from transformer_mt.data.download import (
-    _CHUNK,
+from transformer_mt.data.download_files import (
+    CHUNK,
     DownloadError,
     ParallelWriter,
     SummaryRow,
-    _check_pair,
-    _disk_error,
-    _skipped_row,
+    check_pair,
+    disk_error,
     is_complete,
     offline_hint,
     read_parallel,
+    skipped_row,
 )
 from transformer_mt.files import atomic_open
 
@@ -112,11 +112,11 @@ def download_statmt(
     opener: Opener = urllib.request.urlopen,
 ) -> list[SummaryRow]:
     """Download, verify and extract the WMT14 archives for ``pair``; concatenate them into OUT/train.*."""
-    langs = _check_pair(pair)
+    langs = check_pair(pair)
     corpora = [c for c in corpora if pair in c.members]
     label = "statmt " + "+".join(c.name for c in corpora)
     if is_complete(out, "train", langs, label):
-        return [_skipped_row(out, "train", langs, label)]
+        return [skipped_row(out, "train", langs, label)]
     archive_dir = out / "archives"
     archives = [fetch_archive(c, archive_dir, opener, pair) for c in corpora]
     extract_dir = _extract_dir(archive_dir)
@@ -199,7 +199,7 @@ def _fetch_bytes(corpus: Corpus, part: Path, start: int, opener: Opener, pair: s
         bar = tqdm(total=corpus.size, initial=start, desc=corpus.name, unit="B", unit_scale=True, unit_divisor=1024)
         try:
             with _open_part(part, append=bool(start)) as f, bar:
-                while chunk := response.read(_CHUNK):
+                while chunk := response.read(CHUNK):
                     f.write(chunk)
                     bar.update(len(chunk))
         except (OSError, http.client.HTTPException) as err:  # IncompleteRead is an HTTPException
@@ -230,7 +230,7 @@ def _sha256(path: Path) -> str:
         open(path, "rb") as f,
         tqdm(total=path.stat().st_size, desc=f"sha256 {path.name}", unit="B", unit_scale=True, leave=False) as bar,
     ):
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
     return digest.hexdigest()
@@ -258,7 +258,7 @@ def safe_extract(archive: Path, members: Iterable[str], dest: Path) -> list[Path
     except OSError as err:
         shutil.rmtree(dest, ignore_errors=True)
         if err.errno == errno.ENOSPC:
-            raise _disk_error(dest, err) from None
+            raise disk_error(dest, err) from None
         raise DownloadError(f"{archive}: could not extract ({err}); delete it and re-run") from None
     except (tarfile.TarError, EOFError) as err:
         shutil.rmtree(dest, ignore_errors=True)
@@ -302,4 +302,4 @@ def _copy_stream(stream: BinaryIO | None, dest: Path) -> None:
     """Stream one archive member into ``dest`` through `transformer_mt.files.atomic_open`."""
     assert stream is not None  # only regular files reach here
     with atomic_open(dest) as f:
-        shutil.copyfileobj(stream, f, _CHUNK)
+        shutil.copyfileobj(stream, f, CHUNK)
