@@ -4,10 +4,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
 from transformer_mt.train.average import AverageError, average_checkpoints, average_states, last_checkpoints
-from transformer_mt.train.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+from transformer_mt.train.checkpoint import checkpoint_name
 
 
 def _ckpt(path, update, model, spm=b"spm"):
@@ -19,6 +20,9 @@ def _ckpt(path, update, model, spm=b"spm"):
             "spm_model": torch.tensor(list(spm), dtype=torch.uint8),
             "update": update,
             "optimizer": {"state": {}, "param_groups": []},
+            "rng": {"world_size": 1, "torch_cpu": []},
+            "epoch": 1,
+            "batch_in_epoch": 0,
         },
     )
     return path
@@ -47,7 +51,7 @@ def test_mean_of_parameters(tmp_path):
     # metadata of the newest input (highest update), whatever the order given
     assert avg["update"] == 30 and avg["config"] == {"train": {"seed": 30}}
     assert bytes(avg["spm_model"].tolist()) == b"spm"
-    assert "optimizer" not in avg
+    assert "optimizer" not in avg and "epoch" not in avg and avg["averaged_from"] == [str(p) for p in paths]
 
 
 def test_average_states_is_what_average_checkpoints_writes(tmp_path):
@@ -59,6 +63,8 @@ def test_average_states_is_what_average_checkpoints_writes(tmp_path):
     assert saved.keys() == state.keys()
     assert all(torch.equal(saved["model"][k], state["model"][k]) for k in state["model"])
     assert saved["update"] == state["update"] == 2 and saved["config"] == state["config"]
+    typed = read_average(paths)
+    assert typed.progress.update == 2 and typed.training is None and typed.model.keys() == state["model"].keys()
 
 
 def test_rejects_different_bpe_models(tmp_path):

@@ -41,7 +41,7 @@ lock.release()
 # A save killed (SIGKILL) halfway through writing the checkpoint.
 KILLED_SAVE = """
 import os, signal, sys, torch
-from transformer_mt.train.checkpoint import save_checkpoint
+from transformer_mt.checkpoint import save_checkpoint
 def half_then_kill(obj, f):
     f.write(b"half a checkpoint")
     f.flush()

@@ -12,18 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
 from transformer_mt.decode.translate import Translator
 from transformer_mt.evaluate import corpus_sacrebleu
-from transformer_mt.train.checkpoint import (
-    BEST_NAME,
-    checkpoint_name,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
+from transformer_mt.train.average import average_checkpoints
+from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
@@ -387,6 +383,19 @@ def test_resume_refuses_a_different_model(prepared_toy, tmp_path):
     )
     with pytest.raises(TrainError, match="different model.*new train.save_dir"):
         train_model(other)
+
+
+def test_resume_refuses_an_averaged_checkpoint_and_passes_over_a_crafted_one(prepared_toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    average_checkpoints([run / checkpoint_name(1)], run / checkpoint_name(2))
+    with pytest.raises(TrainError, match=r"checkpoint_u0000002\.pt holds no training state .*averaged checkpoint"):
+        train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    state = load_checkpoint(run / checkpoint_name(1))
+    state["config"] = "not a config"
+    save_checkpoint(run / checkpoint_name(2), state)
+    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))  # resumes from update 1
+    assert "skipping" in capsys.readouterr().err and load_checkpoint(run / checkpoint_name(2))["update"] == 2
 
 
 def test_out_of_memory_names_the_batch_and_a_smaller_max_tokens():

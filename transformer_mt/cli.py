@@ -8,6 +8,7 @@ never stops another.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +41,28 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a config key, e.g. --set train.max_updates=2000 (repeatable)."),
 ]
+
+
+class Quantize(str, Enum):
+    """Values of `decode.quantize`, for the --quantize flag."""
+
+    none = "none"
+    int8 = "int8"
+
+
+QuantizeOpt = Annotated[
+    Quantize | None,
+    typer.Option(
+        "--quantize",
+        help="int8: dynamic int8 Linear layers, CPU only, about twice as fast; a deviation from the paper's fp32 "
+        "model (BLEU change: benchmarks/README.md). Sets decode.quantize (default: the checkpoint's, none).",
+    ),
+]
+
+
+def decode_overrides(set_: list[str] | None, quantize: Quantize | None) -> list[str]:
+    """The --set texts of translate/evaluate, with --quantize as one more (applied last)."""
+    return [*(set_ or []), *([f"decode.quantize={quantize.value}"] if quantize is not None else [])]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -251,6 +274,7 @@ def translate(
             "(sinusoidal positions only), e.g. --set decode.max_len_b=100 (repeatable).",
         ),
     ] = None,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -269,7 +293,7 @@ def translate(
     try:
         translate_file(
             checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
-            device=device, overrides=set_ or [],
+            device=device, overrides=decode_overrides(set_, quantize),
         )  # fmt: skip
     except TranslateError as err:
         raise fail(str(err)) from None
@@ -300,6 +324,7 @@ def evaluate(
             "(sinusoidal positions only), e.g. --set decode.len_penalty_form=fairseq (repeatable).",
         ),
     ] = None,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
 
@@ -315,7 +340,7 @@ def evaluate(
     try:
         evaluate_checkpoint(
             checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
-            overrides=set_ or [],
+            overrides=decode_overrides(set_, quantize),
         )  # fmt: skip
     except EvaluateError as err:
         raise fail(str(err)) from None

@@ -245,7 +245,7 @@ def evaluate_checkpoint(
         "src": str(src_path),
         "checkpoints": [str(c) for c in checkpoints],
         "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
-                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
+                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize},
         **score_files(hyp_path, ref_path, data.tgt_lang),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip

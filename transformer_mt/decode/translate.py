@@ -141,6 +141,8 @@ class Translator:
         cfg = dataclasses.replace(cfg, decode=_override(cfg.decode, beam, lenpen, nbest, batch_tokens))
         device = torch.device(device or default_device())
         model = _build_model(cfg, state["model"], bpe, paths[0]).to(device)
+        if cfg.decode.quantize == "int8":
+            model = _quantize_int8(model)
         return cls(model, bpe, cfg, device)
 
     # -- text to text
@@ -231,6 +233,16 @@ def _build_model(
             f"{path}: the weights do not fit the model its config describes (vocabulary {vocab}): {first}"
         ) from None
     return model
+
+
+def _quantize_int8(model: Transformer) -> Transformer:
+    """`decode.quantize: int8`: the int8 copy of `transformer_mt.model.quantize` (CPU only)."""
+    from transformer_mt.model.quantize import QuantizeError, quantize_int8
+
+    try:
+        return quantize_int8(model)
+    except QuantizeError as err:
+        raise TranslateError(str(err)) from None
 
 
 def batches_by_tokens(indices: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

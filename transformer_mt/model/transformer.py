@@ -161,6 +161,9 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        # None: logits = x E^T with the tied embedding. `quantize.quantize_int8` puts that projection here as a
+        # quantized layer of its own; nothing is stored in checkpoints.
+        self.output_projection: nn.Module | None = None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -251,6 +254,8 @@ class Transformer(nn.Module):
             cache.advance(tgt_in.shape[1])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if self.output_projection is not None:
+            return self.output_projection(x)  # (B, T, V), the same projection as a layer of its own (int8)
         return F.linear(x, self.embed.weight)  # (B, T, V), tied pre-softmax projection
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ trajectory, bit for bit on CPU, as a run never stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -27,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, write_checkpoint
 from transformer_mt.config import Config, ConfigError, config_from_dict
 from transformer_mt.data.batching import (
     batch_by_size,
@@ -39,14 +41,7 @@ from transformer_mt.data.batching import (
 from transformer_mt.data.bpe import PAD, load_bpe
 from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.model.transformer import Transformer, count_parameters
-from transformer_mt.train.checkpoint import (
-    BEST_NAME,
-    CheckpointError,
-    checkpoint_name,
-    find_resume_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
+from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
 from transformer_mt.train.run_files import (
@@ -71,24 +66,6 @@ from transformer_mt.train.step import (
 )
 
 MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
-
-
-@dataclass
-class Progress:
-    """Where the run is: what a checkpoint must hold besides weights and optimizer to resume exactly."""
-
-    update: int = 0  # optimizer steps taken (skipped non-finite updates do not count)
-    epoch: int = 1  # counted from 1
-    batch_in_epoch: int = 0  # batches of this rank's share of the epoch already consumed (same on every rank)
-    best_valid_loss: float = math.inf
-    valid_loss: float | None = None  # label-smoothed loss per target token (nats) at the last validation
-    valid_update: int = -1  # update of the last validation
-    nonfinite_in_row: int = 0
-    minutes: float = 0.0  # wall-clock minutes trained before this process (train.max_minutes counts them too)
-    valid_history: list[list[float]] = field(default_factory=list)  # [update, nll] of the last 3 validations
-    valid_bleu: float | None = None  # sacreBLEU at the last validation (train.valid_bleu_sentences)
-    best_valid_bleu: float = -math.inf
-    stale_validations: int = 0  # validations in a row without a new best train.best_metric (train.patience)
 
 
 @dataclass
@@ -221,7 +198,7 @@ class Trainer:
             self.train_ds.src_lens, self.train_ds.tgt_lens, tc.max_tokens, tc.seed, self.max_len
         )
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches of it)
-        self.spm_bytes = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
+        self.spm_bytes = spm_path.read_bytes()
         vocab_size = load_bpe(spm_path).get_piece_size()
         self.precision = resolve_precision(tc.precision, env.device)
         torch.manual_seed(tc.seed)  # identical initial weights on every rank
@@ -239,6 +216,7 @@ class Trainer:
         self.schedule = Schedule.from_config(tc, cfg.model.d_model)
         self.lr = 0.0  # the lr of the last update
         self.progress = Progress()
+        self.nonfinite_in_row = 0  # non-finite updates in a row (train.max_nonfinite); not saved
         self.last_save_update = -1
         self.start_time = self.last_save_time = time.monotonic()
         resume = self._resume()
@@ -256,45 +234,41 @@ class Trainer:
         found = find_resume_checkpoint(self.save_dir)
         if found is None:
             return None
-        path, state = found
-        saved = config_from_dict(state["config"], origin=str(path))
+        path, ck = found
+        if ck.training is None:
+            raise TrainError(
+                f"{path} holds no training state (optimizer, RNG): it is an averaged checkpoint, not one of "
+                "`tmt train`; move it out of train.save_dir"
+            )
+        saved = config_from_dict(ck.config, origin=str(path))
         if saved.model != self.cfg.model:
             raise TrainError(
                 f"{path} holds a different model ({saved.model}) than the config ({self.cfg.model}); "
                 "use a new train.save_dir, or restore the model section the run was started with"
             )
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
-            self.step.scaler.load_state_dict(state["scaler"])
-        p = self.progress
-        p.update, p.epoch = int(state["update"]), int(state["epoch"])
-        p.batch_in_epoch = self._resume_position(path, state)
-        p.best_valid_loss = float(state.get("best_valid_loss", math.inf))
-        p.valid_loss = state.get("valid_loss")
-        p.valid_update = int(state.get("valid_update", -1))
-        p.minutes = float(state.get("minutes", 0.0))
-        p.valid_history = [[int(u), float(nll)] for u, nll in state.get("valid_history", [])]
-        p.valid_bleu, p.best_valid_bleu = state.get("valid_bleu"), float(state.get("best_valid_bleu", -math.inf))
-        p.stale_validations = int(state.get("stale_validations", 0))
-        restore_rng(state["rng"], self.env, self.cfg.train.seed, p.update)
+        self.module.load_state_dict(ck.model)
+        self.optimizer.load_state_dict(ck.training.optimizer)
+        if ck.training.scaler:
+            self.step.scaler.load_state_dict(ck.training.scaler)
+        p = self.progress = ck.progress
+        p.batch_in_epoch = self._resume_position(path, p.batch_in_epoch, ck.training)
+        restore_rng(ck.training.rng, self.env, self.cfg.train.seed, p.update)
         self.last_save_update = p.update
         if self.env.is_main:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
 
-    def _resume_position(self, path: Path, state: dict[str, Any]) -> int:
+    def _resume_position(self, path: Path, batch_in_epoch: int, saved: TrainingState) -> int:
         """This rank's position in the epoch's batches: carried over, converted to this world size, or restarted.
 
         A change of what decides the batch order (`batching_key`) in the
         middle of an epoch restarts the epoch (`_restart_epoch`); a change of
         world size converts the position exactly where one exists.
         """
-        batch_in_epoch, saved_world_size = int(state["batch_in_epoch"]), int(state["rng"]["world_size"])
-        saved = state.get("batching")  # absent from checkpoints written before it was recorded
-        changes = batching_changes(saved, self.batching) if saved else []
+        saved_world_size, batching = saved.rng["world_size"], saved.batching
+        changes = batching_changes(batching, self.batching) if batching else []  # None: written before it was kept
         if changes and batch_in_epoch > 0:
-            return self._restart_epoch(path, changes, batch_in_epoch, int(saved["batches"]))
+            return self._restart_epoch(path, changes, batch_in_epoch, int(batching["batches"]))
         ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
         position = resume_position(
             ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
@@ -352,35 +326,28 @@ class Trainer:
 
     # -- checkpoints
 
-    def _state(self) -> dict[str, Any]:
-        p = self.progress
-        return {
-            "model": self.module.state_dict(),
-            "config": self.cfg.to_dict(),
-            "spm_model": self.spm_bytes,
-            "optimizer": self.optimizer.state_dict(),
-            "update": p.update,
-            "epoch": p.epoch,
-            "batch_in_epoch": p.batch_in_epoch,
-            "batching": {**self.batching, "batches": len(self._epoch_batches())},  # see _resume_position
-            "scaler": self.step.scaler.state_dict() if self.step.scaler.is_enabled() else {},
-            "rng": rng_state(self.env),  # a collective: every rank calls _save
-            "best_valid_loss": p.best_valid_loss,
-            "valid_loss": p.valid_loss,
-            "valid_update": p.valid_update,
-            "minutes": self._minutes(),
-            "valid_history": p.valid_history,
-            "valid_bleu": p.valid_bleu,
-            "best_valid_bleu": p.best_valid_bleu,
-            "stale_validations": p.stale_validations,
-        }
+    def _checkpoint(self) -> Checkpoint:
+        """Everything that decides the rest of the run; a collective (the RNG states of every rank)."""
+        scaler = self.step.scaler
+        return Checkpoint(
+            model=self.module.state_dict(),
+            config=self.cfg.to_dict(),
+            spm_model=self.spm_bytes,
+            progress=dataclasses.replace(self.progress, minutes=self._minutes()),
+            training=TrainingState(
+                optimizer=self.optimizer.state_dict(),
+                rng=rng_state(self.env),  # a collective: every rank calls _save
+                scaler=scaler.state_dict() if scaler.is_enabled() else {},
+                batching={**self.batching, "batches": len(self._epoch_batches())},  # see _resume_position
+            ),
+        )
 
     def _save(self, best: bool = False) -> None:
         """Write checkpoint_u<update>.pt (or checkpoint_best.pt) from rank 0; every rank must call it."""
-        state = self._state()
+        ck = self._checkpoint()
         if self.env.is_main:
             name = BEST_NAME if best else checkpoint_name(self.progress.update)
-            save_checkpoint(self.save_dir / name, state)
+            write_checkpoint(self.save_dir / name, ck)
             if not best:
                 prune_checkpoints(self.save_dir, self.cfg.train.keep_last)
         if not best:
@@ -464,7 +431,6 @@ class Trainer:
         """
         if self._bleu_cache is not None:
             return self._bleu_cache
-        import dataclasses
         from itertools import islice
 
         from transformer_mt.data.clean import InputError, read_lines
@@ -660,7 +626,7 @@ class Trainer:
             self._skipped(stats)
             return
         p.update += 1
-        p.nonfinite_in_row = 0
+        self.nonfinite_in_row = 0
         window.add(stats)
         if self.env.is_main:
             tokens = max(window.tokens, 1.0)
@@ -718,12 +684,12 @@ class Trainer:
                     "use train.precision=bf16 (or fp32), lower train.lr_scale or set train.clip_norm"
                 )
             return
-        p.nonfinite_in_row += 1
+        self.nonfinite_in_row += 1
         if self.env.is_main:
             tqdm.write(f"warning: non-finite loss or gradient after update {p.update}; update skipped", file=sys.stderr)
-        if p.nonfinite_in_row >= tc.max_nonfinite:
+        if self.nonfinite_in_row >= tc.max_nonfinite:
             raise TrainError(
-                f"{p.nonfinite_in_row} updates in a row had a non-finite loss or gradient (after update {p.update}); "
+                f"{self.nonfinite_in_row} updates in a row had a non-finite loss or gradient (after update {p.update}); "
                 f"lower train.lr_scale (now {tc.lr_scale}), set train.clip_norm (e.g. 1.0), "
                 f"or use train.precision=bf16 instead of fp16"
             )
