@@ -167,6 +167,7 @@ def test_multi30k_config_matches_the_benchmark_recipe():
     assert (m.d_model, m.encoder_layers, m.decoder_layers, m.heads, m.d_ff) == (256, 3, 3, 4, 1024)
     t = cfg.train
     assert (t.max_tokens, t.update_freq, t.schedule, t.lr, t.warmup_fraction) == (4096, 1, "linear", 1e-3, 0.1)
+    assert t.min_warmup == 80
     assert (t.max_minutes, t.snapshot_span, t.average_last, t.decay_fraction) == (20, 0.1, 5, 0.3)
     assert t.save_dir == "runs/multi30k"
 
