@@ -27,7 +27,8 @@ app = typer.Typer(
         "  tmt train configs/base.yaml        train (resumes automatically)\n\n"
         "  tmt average runs/X --last 5        average the last checkpoints\n\n"
         "  tmt translate -c avg.pt < in.txt   beam search, line by line\n\n"
-        "  tmt evaluate newstest2014 -c avg.pt  sacreBLEU and the paper's BLEU"
+        "  tmt evaluate newstest2014 -c avg.pt  sacreBLEU and the paper's BLEU\n\n"
+        "  tmt export ctranslate2 -c avg.pt -o DIR  a CTranslate2 model directory"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -56,6 +57,24 @@ QuantizeOpt = Annotated[
         "--quantize",
         help="int8: dynamic int8 Linear layers, CPU only, about twice as fast; a deviation from the paper's fp32 "
         "model (BLEU change: benchmarks/README.md). Sets decode.quantize (default: the checkpoint's, none).",
+    ),
+]
+
+
+class Engine(str, Enum):
+    """Who runs the beam search of translate/evaluate."""
+
+    pytorch = "pytorch"
+    ctranslate2 = "ctranslate2"
+
+
+EngineOpt = Annotated[
+    Engine,
+    typer.Option(
+        "--engine",
+        help="pytorch: tmt's model and beam search on checkpoints. ctranslate2: CTranslate2 on a directory of "
+        "`tmt export ctranslate2` (-c DIR; pip install ctranslate2), same text handling, CTranslate2's search "
+        "(docs/decoding.md).",
     ),
 ]
 
@@ -275,6 +294,7 @@ def translate(
         ),
     ] = None,
     quantize: QuantizeOpt = None,
+    engine: EngineOpt = Engine.pytorch,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -287,13 +307,14 @@ def translate(
     model's max_positions is translated after truncation, with a warning.
 
     Example: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de
+    (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     from transformer_mt.decode.translate import TranslateError, translate_file
 
     try:
         translate_file(
             checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
-            device=device, overrides=decode_overrides(set_, quantize),
+            device=device, overrides=decode_overrides(set_, quantize), engine=engine.value,
         )  # fmt: skip
     except TranslateError as err:
         raise fail(str(err)) from None
@@ -325,6 +346,7 @@ def evaluate(
         ),
     ] = None,
     quantize: QuantizeOpt = None,
+    engine: EngineOpt = Engine.pytorch,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
 
@@ -340,10 +362,55 @@ def evaluate(
     try:
         evaluate_checkpoint(
             checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
-            overrides=decode_overrides(set_, quantize),
+            overrides=decode_overrides(set_, quantize), engine=engine.value,
         )  # fmt: skip
     except EvaluateError as err:
         raise fail(str(err)) from None
+
+
+@app.command()
+def export(
+    target: Annotated[str, typer.Argument(help="Only 'ctranslate2' for now.")],
+    checkpoint: Annotated[
+        list[Path],
+        typer.Option(
+            "--checkpoint", "-c", help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several."
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The model directory to write.")],
+    quantization: Annotated[
+        str,
+        typer.Option(
+            "--quantization",
+            help="Weights as stored for CTranslate2: float32 (as trained), int8 (int8 weights, float32 "
+            "activations; for CPUs), int8_float32 (the same), float16 or bfloat16 (for GPUs).",
+        ),
+    ] = "float32",
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+) -> None:
+    """Write a model directory for another inference engine: CTranslate2 (pip install ctranslate2).
+
+    The directory holds CTranslate2's model.bin, config.json and
+    shared_vocabulary.json, the checkpoint's sentencepiece model (spm.model,
+    to tokenize input and detokenize output) and its tmt config
+    (tmt_config.yaml). It is written beside OUTPUT and renamed into place
+    when complete. Translate with it: tmt translate --engine ctranslate2 -c
+    OUTPUT, or from Python with ctranslate2.Translator(OUTPUT). See
+    docs/decoding.md.
+
+    Example: tmt export ctranslate2 -c runs/base/average.pt -o runs/base/ct2 --quantization int8
+    """
+    from transformer_mt.export import QUANTIZATIONS, ExportError, export_ctranslate2
+
+    if target != "ctranslate2":
+        raise fail(f"unknown export target {target!r}; known: ctranslate2")
+    if quantization not in QUANTIZATIONS:
+        raise fail(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    try:
+        out = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+    except ExportError as err:
+        raise fail(str(err)) from None
+    typer.echo(f"CTranslate2 model ({quantization}) -> {out}")
 
 
 @app.command()

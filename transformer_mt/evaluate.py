@@ -206,23 +206,25 @@ def evaluate_checkpoint(
     lenpen: float | None = None,
     device: str | None = None,
     overrides: Sequence[str] = (),
+    engine: str = "pytorch",
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
     ``output`` defaults to ``eval_<name>`` beside the first checkpoint. With
     ``--src``/``--ref`` a test set name, if given, only labels the results.
     ``overrides`` are ``--set`` texts for the checkpoint's config (see
-    `transformer_mt.decode.translate.override_config`).
+    `transformer_mt.decode.translate.override_config`). ``engine``: see
+    `transformer_mt.decode.translate.load_translator`.
     """
-    from transformer_mt.decode.translate import TranslateError, Translator, empty_outputs, write_lines_atomic
+    from transformer_mt.decode.translate import TranslateError, empty_outputs, load_translator, write_lines_atomic
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if testset is not None and src is None:
         check_testset_name(testset)  # before loading any model
     try:
-        translator = Translator.from_checkpoints(
-            checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
+        translator = load_translator(
+            checkpoints, engine, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
         )
     except TranslateError as err:
         raise EvaluateError(str(err)) from None
@@ -244,6 +246,7 @@ def evaluate_checkpoint(
         "testset": name,
         "src": str(src_path),
         "checkpoints": [str(c) for c in checkpoints],
+        "engine": engine,
         "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
                    "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize},
         **score_files(hyp_path, ref_path, data.tgt_lang),

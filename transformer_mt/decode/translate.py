@@ -138,7 +138,7 @@ class Translator:
         except ConfigError as err:
             raise TranslateError(str(err)) from None
         bpe = load_bpe_bytes(state["spm_model"].numpy().tobytes())
-        cfg = dataclasses.replace(cfg, decode=_override(cfg.decode, beam, lenpen, nbest, batch_tokens))
+        cfg = set_decode(cfg, beam, lenpen, nbest, batch_tokens)
         device = torch.device(device or default_device())
         model = _build_model(cfg, state["model"], bpe, paths[0]).to(device)
         if cfg.decode.quantize == "int8":
@@ -190,11 +190,8 @@ class Translator:
 
     def _translate_batch(self, sources: list[list[int]], nbest: int) -> list[list[Translation]]:
         d = self.cfg.decode
-        src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
-        for row, ids in enumerate(sources):
-            src[row, : len(ids)] = torch.tensor(ids)
         out = beam_search(
-            self.model, src.to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
+            self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions,
         )  # fmt: skip
@@ -203,6 +200,21 @@ class Translator:
             found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
             results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
         return results
+
+
+def set_decode(
+    cfg: Config, beam: int | None, lenpen: float | None, nbest: int | None, batch_tokens: int | None
+) -> Config:
+    """``cfg`` with the decoding flags of translate/evaluate that are not None (after ``--set``)."""
+    return dataclasses.replace(cfg, decode=_override(cfg.decode, beam, lenpen, nbest, batch_tokens))
+
+
+def pad_batch(sources: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Source ids (each ending in EOS) as one right-padded LongTensor (B, longest)."""
+    src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    return src
 
 
 def _override(
@@ -314,6 +326,23 @@ def format_nbest(results: Sequence[Sequence[Translation]]) -> list[str]:
     return [f"{i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
 
 
+ENGINES = ("pytorch", "ctranslate2")
+
+
+def load_translator(paths: Sequence[str | Path], engine: str = "pytorch", **settings: Any) -> Translator:
+    """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
+
+    ``settings`` are those of `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
+    """
+    if engine == "ctranslate2":
+        from transformer_mt.decode.ctranslate2_engine import CTranslate2Translator
+
+        return CTranslate2Translator.from_directory(paths, **settings)
+    if engine != "pytorch":
+        raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    return Translator.from_checkpoints(paths, **settings)
+
+
 def translate_file(
     checkpoints: Sequence[str | Path],
     input: str | Path | None = None,
@@ -324,11 +353,12 @@ def translate_file(
     batch_tokens: int | None = None,
     device: str | None = None,
     overrides: Sequence[str] = (),
+    engine: str = "pytorch",
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None); see `tmt translate --help`."""
     lines = read_input_lines(input)
-    translator = Translator.from_checkpoints(
-        checkpoints, device=device, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
+    translator = load_translator(
+        checkpoints, engine, device=device, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
         overrides=overrides,
     )  # fmt: skip
     k = translator.cfg.decode.nbest

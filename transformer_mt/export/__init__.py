@@ -1,0 +1,114 @@
+"""`tmt export ctranslate2`: a CTranslate2 model directory from a tmt checkpoint.
+
+CTranslate2 is OpenNMT's C++ inference engine for Transformer translation
+models (int8, fp16 and bf16 kernels on CPU and GPU). The directory it loads,
+written here whole or not at all:
+
+    model.bin               the weights in CTranslate2's format (quantized with --quantization)
+    config.json             CTranslate2's settings: special tokens, EOS added to every source, LayerNorm epsilon
+    shared_vocabulary.json  the joint BPE vocabulary, one sentencepiece piece per id
+    spm.model               the checkpoint's sentencepiece model, to tokenize input and detokenize output
+    tmt_config.yaml         the checkpoint's tmt config: decoding settings and languages
+
+How the model maps onto CTranslate2's TransformerSpec is documented in
+`transformer_mt.export.ctranslate2_spec`. The `ctranslate2` package is an
+optional dependency, imported only here and by `tmt translate --engine
+ctranslate2`, so `tmt --help` and every other command run without it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
+TMT_CONFIG = "tmt_config.yaml"  # file names inside an exported directory
+SPM_MODEL = "spm.model"
+
+
+class ExportError(RuntimeError):
+    """A problem the user can fix; the message names the file or option and the fix."""
+
+
+def require_ctranslate2() -> ModuleType:
+    """The ctranslate2 module, or an ExportError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError(
+            "this needs the ctranslate2 package, which is not installed: pip install ctranslate2 "
+            '(or pip install -e ".[ctranslate2]")'
+        ) from None
+    return ctranslate2
+
+
+def export_ctranslate2(
+    checkpoints: Sequence[str | Path], out: str | Path, quantization: str = "float32", force: bool = False
+) -> Path:
+    """Write the CTranslate2 model of ``checkpoints`` (several are averaged, as `tmt translate` does) to ``out``.
+
+    ``quantization`` is the weight type CTranslate2 stores: float32 (the
+    model as trained), int8 (int8 weights, float32 elsewhere), int8_float32
+    (the same), float16 or bfloat16 (for GPUs). An existing ``out`` is
+    replaced only with ``force``.
+    """
+    from transformer_mt.decode.translate import TranslateError, Translator
+
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; choose another -o or pass --force to replace it")
+    ct2 = require_ctranslate2()
+    from transformer_mt.export.ctranslate2_spec import TmtConverter
+
+    try:  # the fp32 model whatever its decode.quantize says: CTranslate2 quantizes on its own
+        translator = Translator.from_checkpoints(checkpoints, device="cpu", overrides=["decode.quantize=none"])
+    except TranslateError as err:
+        raise ExportError(str(err)) from None
+    with atomic_directory(out) as tmp:
+        converter = TmtConverter(translator.model, translator.bpe)
+        # The directory is ours and empty: CTranslate2 may recreate it (force=True).
+        converter.convert(str(tmp), quantization=None if quantization == "float32" else quantization, force=True)
+        (tmp / SPM_MODEL).write_bytes(translator.bpe.serialized_model_proto())
+        (tmp / TMT_CONFIG).write_text(translator.cfg.to_yaml(), encoding="utf-8")
+        if not ct2.contains_model(str(tmp)):
+            raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
+    return out
+
+
+@contextmanager
+def atomic_directory(out: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``out``; on success it replaces ``out`` by renames.
+
+    A crash or an error never leaves a half-written directory under ``out``:
+    the temporary one is removed, and an ``out`` being replaced is moved
+    aside first and deleted only once the new one is in place.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+        _sync_files(tmp)
+        old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sync_files(directory: Path) -> None:
+    """Flush every file of ``directory`` to disk, so that the rename never publishes files still in the page cache."""
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
