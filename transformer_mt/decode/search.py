@@ -43,6 +43,7 @@ The search, per sentence, with beam size k (all sentences of a batch at once):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,6 +81,14 @@ def length_penalty(length: float | Tensor, alpha: float, form: Literal["gnmt", "
     if form == "fairseq":
         return length**alpha
     raise ValueError(f"unknown length penalty form {form!r}; use 'gnmt' or 'fairseq'")
+
+
+def pad_batch(sources: Sequence[Sequence[int]], pad_id: int = PAD) -> Tensor:
+    """Source ids (each ending in EOS) as one right-padded LongTensor (B, longest): the input of `beam_search`."""
+    src = torch.full((len(sources), max(map(len, sources))), pad_id, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    return src
 
 
 def max_output_lengths(

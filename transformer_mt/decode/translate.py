@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 import torch
+import yaml
 from tqdm import tqdm
 
 from transformer_mt.config import (
@@ -31,9 +32,9 @@ from transformer_mt.config import (
     parse_override,
     validate,
 )
-from transformer_mt.data.bpe import EOS, PAD, load_bpe_bytes
+from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
-from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.files import atomic_path
 from transformer_mt.model.transformer import Transformer
 
@@ -100,17 +101,33 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
     return cfg
 
 
+BatchSearch = Callable[[list[list[int]], int], list[list[Hypothesis]]]
+"""The n-best hypotheses (token ids without EOS, best first) of each source of a batch (ids ending in EOS)."""
+
+
 class Translator:
-    """A model, its BPE model and decoding settings; `translate_lines` is the whole text-to-text path."""
+    """A search, its BPE model and decoding settings; `translate_lines` is the whole text-to-text path.
+
+    The search is tmt's `beam_search` over ``model``, or another engine's
+    (`from_ctranslate2`): the text handling around it is the same.
+    """
 
     def __init__(
-        self, model: Transformer, bpe: spm.SentencePieceProcessor, cfg: Config, device: str | torch.device
+        self,
+        model: Transformer | None,
+        bpe: spm.SentencePieceProcessor,
+        cfg: Config,
+        device: str | torch.device,
+        search: BatchSearch | None = None,
     ) -> None:
-        self.model = model.eval()
+        if model is None and search is None:
+            raise ValueError("Translator needs a model or a search")
+        self.model = None if model is None else model.eval()
         self.bpe = bpe
         self.cfg = cfg
         self.device = torch.device(device)
         self.show_progress = True
+        self.search = self._beam_search if search is None else search
 
     @classmethod
     def from_checkpoints(
@@ -144,6 +161,35 @@ class Translator:
         if cfg.decode.quantize == "int8":
             model = _quantize_int8(model)
         return cls(model, bpe, cfg, device)
+
+    @classmethod
+    def from_ctranslate2(
+        cls,
+        paths: Sequence[str | Path],
+        device: str | torch.device | None = None,
+        overrides: Sequence[str] = (),
+        **flags: Any,
+    ) -> Translator:
+        """A directory of `tmt export ctranslate2`, searched by CTranslate2 (`decode.ctranslate2_engine`).
+
+        Settings as in `from_checkpoints` (``flags``: beam, lenpen, nbest,
+        batch_tokens), from the exported config; its position table is fixed.
+        """
+        from transformer_mt.decode.ctranslate2_engine import (
+            SPM_MODEL,
+            CTranslate2Error,
+            CTranslate2Search,
+            model_directory,
+        )
+
+        try:
+            directory = model_directory(paths)
+            cfg = set_decode(_exported_config(directory, overrides), **flags)
+            bpe = load_bpe(directory / SPM_MODEL)
+            device = torch.device(device or "cpu")
+            return cls(None, bpe, cfg, device, search=CTranslate2Search(directory, cfg, bpe, device))
+        except CTranslate2Error as err:
+            raise TranslateError(f"--engine ctranslate2: {err}") from None
 
     # -- text to text
 
@@ -189,32 +235,31 @@ class Translator:
         return ids + [EOS]
 
     def _translate_batch(self, sources: list[list[int]], nbest: int) -> list[list[Translation]]:
-        d = self.cfg.decode
-        out = beam_search(
-            self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
-            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
-            max_positions=self.cfg.model.max_positions,
-        )  # fmt: skip
         results = []
-        for hyps in out:
+        for hyps in self.search(sources, nbest):
             found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
             results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
         return results
 
+    def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
+        """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings."""
+        d = self.cfg.decode
+        return beam_search(
+            self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
+            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
+            max_positions=self.cfg.model.max_positions,
+        )  # fmt: skip
+
 
 def set_decode(
-    cfg: Config, beam: int | None, lenpen: float | None, nbest: int | None, batch_tokens: int | None
+    cfg: Config,
+    beam: int | None = None,
+    lenpen: float | None = None,
+    nbest: int | None = None,
+    batch_tokens: int | None = None,
 ) -> Config:
     """``cfg`` with the decoding flags of translate/evaluate that are not None (after ``--set``)."""
     return dataclasses.replace(cfg, decode=_override(cfg.decode, beam, lenpen, nbest, batch_tokens))
-
-
-def pad_batch(sources: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Source ids (each ending in EOS) as one right-padded LongTensor (B, longest)."""
-    src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
-    for row, ids in enumerate(sources):
-        src[row, : len(ids)] = torch.tensor(ids)
-    return src
 
 
 def _override(
@@ -245,6 +290,24 @@ def _build_model(
             f"{path}: the weights do not fit the model its config describes (vocabulary {vocab}): {first}"
         ) from None
     return model
+
+
+def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
+    """The tmt config stored by `tmt export ctranslate2`, with ``--set`` overrides; its position table is fixed."""
+    from transformer_mt.decode.ctranslate2_engine import TMT_CONFIG
+
+    path = directory / TMT_CONFIG
+    try:
+        stored = config_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")), origin=str(path))
+        cfg = override_config(stored, overrides)
+    except (ConfigError, yaml.YAMLError) as err:
+        raise TranslateError(str(err)) from None
+    if cfg.model.max_positions != stored.model.max_positions:
+        raise TranslateError(
+            f"{directory} stores a table of {stored.model.max_positions} positions; export again from the checkpoint "
+            "with a larger model.max_positions to change it"
+        )
+    return cfg
 
 
 def _quantize_int8(model: Transformer) -> Transformer:
@@ -335,9 +398,7 @@ def load_translator(paths: Sequence[str | Path], engine: str = "pytorch", **sett
     ``settings`` are those of `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
     """
     if engine == "ctranslate2":
-        from transformer_mt.decode.ctranslate2_engine import CTranslate2Translator
-
-        return CTranslate2Translator.from_directory(paths, **settings)
+        return Translator.from_ctranslate2(paths, **settings)
     if engine != "pytorch":
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     return Translator.from_checkpoints(paths, **settings)

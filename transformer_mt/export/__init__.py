@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, CTranslate2Error
+from transformer_mt.decode.ctranslate2_engine import require_ctranslate2 as _require
+
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
-TMT_CONFIG = "tmt_config.yaml"  # file names inside an exported directory
-SPM_MODEL = "spm.model"
 
 
 class ExportError(RuntimeError):
@@ -38,13 +39,9 @@ class ExportError(RuntimeError):
 def require_ctranslate2() -> ModuleType:
     """The ctranslate2 module, or an ExportError saying how to install it."""
     try:
-        import ctranslate2
-    except ImportError:
-        raise ExportError(
-            "this needs the ctranslate2 package, which is not installed: pip install ctranslate2 "
-            '(or pip install -e ".[ctranslate2]")'
-        ) from None
-    return ctranslate2
+        return _require()
+    except CTranslate2Error as err:
+        raise ExportError(str(err)) from None
 
 
 def export_ctranslate2(
