@@ -167,7 +167,7 @@ def _prepare_worker(rank: int, port: int, cfg_dict: dict, out_dir: str) -> None:
 
     from transformer_mt.config import config_from_dict
     from transformer_mt.data import prepare
-    from transformer_mt.train.trainer import prepare_on_rank0
+    from transformer_mt.train.build import prepare_on_rank0
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))

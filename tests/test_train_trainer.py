@@ -30,7 +30,8 @@ from transformer_mt.train.step import (
     apply_gradients,
     resolve_precision,
 )
-from transformer_mt.train.trainer import Window, train_model, unconverged
+from transformer_mt.train.trainer import Window, train_model
+from transformer_mt.train.validation import unconverged
 
 
 def _cfg(cfg: Config, save_dir, **train) -> Config:
@@ -289,6 +290,16 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
     assert [(w["update"], w["reason"]) for w in warnings] == [(5, "warmup"), (5, "unconverged")]
     assert "far from converged: validation perplexity" in warnings[1]["message"] and "is above 100" in err
     assert result.warnings == tuple(w["message"] for w in warnings)
+
+
+def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp_path, capsys):
+    """A budget of 3 updates spends its 10% long before the 100-update floor: the floor is what kept it warming up."""
+    schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
+    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule))
+    assert (
+        "warning: training stopped at update 3, inside its warmup of the first 10% of its budget, at least 100 "
+        "updates (train.warmup_fraction, train.min_warmup): the learning rate never reached its peak"
+    ) in capsys.readouterr().err
 
 
 def test_the_convergence_rule():

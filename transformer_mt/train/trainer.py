@@ -2,8 +2,9 @@
 
 One update = ``train.update_freq`` batches on each of the world's ranks; how
 one update is computed (precision, token-normalized accumulation, the step)
-lives in ``step.py``. This module decides which batches, when to validate,
-save and stop.
+lives in ``step.py``; what a run is built from (data, model, optimizer) in
+``build.py``; validation in ``validation.py``. This module decides which
+batches, when to validate, save and stop.
 
 Everything that decides the trajectory lives in the checkpoint (weights,
 optimizer, update number, epoch and position in the epoch's batch order, every
@@ -24,46 +25,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, write_checkpoint
 from transformer_mt.config import Config, ConfigError, config_from_dict
-from transformer_mt.data.batching import (
-    batch_by_size,
-    epoch_batches,
-    ordered_indices,
-    resume_position,
-    shard_batches,
-    too_long,
-)
-from transformer_mt.data.bpe import PAD, load_bpe
-from transformer_mt.data.dataset import ParallelDataset, collate
-from transformer_mt.model.transformer import Transformer, count_parameters
+from transformer_mt.data.batching import epoch_batches, resume_position
+from transformer_mt.data.dataset import collate
+from transformer_mt.model.transformer import count_parameters
+from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
-from transformer_mt.train.run_files import (
-    RunFiles,
-    batching_changes,
-    batching_key,
-    dropout_seed,
-    restore_rng,
-    rng_state,
-    write_config,
-)
+from transformer_mt.train.run_files import RunFiles, batching_changes, restore_rng, rng_state, write_config
 from transformer_mt.train.run_lock import hold_run_dir
-from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress
-from transformer_mt.train.step import (
-    Stepper,
-    TrainError,
-    UpdateStats,
-    accumulate_gradients,
-    apply_gradients,
-    forward_loss,
-    resolve_precision,
-)
+from transformer_mt.train.schedule import Schedule, horizon_progress
+from transformer_mt.train.step import TrainError, UpdateStats, accumulate_gradients, apply_gradients
+from transformer_mt.train.validation import ValidBleu, unconverged, validate
 
 MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
 
@@ -110,69 +87,6 @@ class Window:
         self.updates, self.start = 0, time.monotonic()
 
 
-def max_sentence_len(cfg: Config) -> int:
-    """Longest sentence (tokens, EOS/BOS included) trained or validated on: it must fit a batch and the model."""
-    return min(cfg.train.max_tokens, cfg.model.max_positions)
-
-
-UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from any usable translation model
-UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
-
-
-def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | None:
-    """Why a run that ends with these validations is far from converged, or None (the rule of docs/training.md).
-
-    ``history`` holds (update, validation perplexity) pairs, oldest first, the
-    last one the final validation. Far from converged: its perplexity is above
-    `UNCONVERGED_PPL`, or more than `UNCONVERGED_DROP` below that of the latest
-    validation at least ``validate_every`` updates before it (the final
-    validation may come a few updates after a periodic one, too close to see
-    a trend).
-    """
-    if not history:
-        return None
-    update, ppl = history[-1]
-    if ppl > UNCONVERGED_PPL:
-        return f"validation perplexity {ppl:.1f} is above {UNCONVERGED_PPL:g}"
-    earlier = [(u, x) for u, x in history[:-1] if u <= update - max(validate_every, 1)]
-    if earlier and ppl < (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
-        before, prev = earlier[-1]
-        return (
-            f"validation perplexity fell {100 * (1 - ppl / prev):.0f}% in the last {update - before} updates "
-            f"({prev:.2f} at update {before}, {ppl:.2f} at {update}), more than {UNCONVERGED_DROP:.0%}: "
-            "the model is still learning fast"
-        )
-    return None
-
-
-@torch.no_grad()
-def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, precision: str) -> tuple[float, float]:
-    """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it.
-
-    Sentences longer than `max_sentence_len` are left out, as in training.
-    """
-    indices = ordered_indices(ds.src_lens, ds.tgt_lens, cfg.train.seed)
-    batches = batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens, max_sentence_len(cfg))
-    batches = shard_batches(batches, env.rank, env.world_size)
-    was_training = module.training
-    module.eval()
-    loss_sum = nll_sum = tokens = 0.0
-    for idx in batches:
-        if len(idx) == 0:
-            continue
-        batch = collate(ds, idx).to(env.device)
-        loss, nll = forward_loss(module, batch, precision, cfg.train.label_smoothing)
-        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.num_tgt_tokens
-    module.train(was_training)
-    loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], env)
-    if tokens == 0:
-        raise TrainError(
-            f"the validation split in {cfg.data.dir} has no sentence of at most {max_sentence_len(cfg)} tokens "
-            "(min of train.max_tokens and model.max_positions); raise them or check the validation files"
-        )
-    return loss_sum / tokens, nll_sum / tokens
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -180,52 +94,30 @@ class Trainer:
     """One training run: built by `train_model`, driven by `run`."""
 
     def __init__(self, cfg: Config, env: DistEnv) -> None:
-        self.cfg, self.env, tc = cfg, env, cfg.train
+        tc = cfg.train
+        self.cfg, self.env = cfg, env
         self.save_dir = Path(tc.save_dir)
-        self.data_dir = prepare_on_rank0(cfg, env)
-        try:
-            self.train_ds = ParallelDataset(self.data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
-            self.valid_ds = ParallelDataset(self.data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
-        except (FileNotFoundError, ValueError) as err:  # the messages say which file and to run `tmt prepare`
-            raise TrainError(str(err)) from None
-        spm_path = self.data_dir / "spm.model"
-        self.max_len = max_sentence_len(cfg)
-        self.too_long = {
-            split: int(too_long(ds.src_lens, ds.tgt_lens, self.max_len).sum())
-            for split, ds in (("train", self.train_ds), ("valid", self.valid_ds))
-        }
-        self.batching = batching_key(
-            self.train_ds.src_lens, self.train_ds.tgt_lens, tc.max_tokens, tc.seed, self.max_len
-        )
-        self._epoch_cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches of it)
-        self.spm_bytes = spm_path.read_bytes()
-        vocab_size = load_bpe(spm_path).get_piece_size()
-        self.precision = resolve_precision(tc.precision, env.device)
-        torch.manual_seed(tc.seed)  # identical initial weights on every rank
-        self.module = Transformer(cfg.model, vocab_size, pad_id=PAD).to(env.device)
-        torch.manual_seed(dropout_seed(tc.seed, env.rank))
-        self.optimizer = build_optimizer(self.module.parameters(), tc)
-        scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision == "fp16")
-        model: nn.Module = torch.compile(self.module) if tc.compile else self.module
-        if env.distributed:
-            model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-        self.step = Stepper(
-            model, self.module, self.optimizer, scaler, env, self.precision, tc.label_smoothing, tc.clip_norm,
-            tc.max_tokens, tc.update_freq,
-        )  # fmt: skip
+        self.data = load_run_data(cfg, env)
+        self.stepper = build_stepper(cfg, env, self.data.vocab_size)
         self.schedule = Schedule.from_config(tc, cfg.model.d_model)
-        self.lr = 0.0  # the lr of the last update
-        self.progress = Progress()
+        self.valid_bleu = ValidBleu(cfg, self.stepper.module, self.data.dir, env) if tc.valid_bleu_sentences else None
+        self.progress = Progress()  # where the run is: saved in every checkpoint
         self.nonfinite_in_row = 0  # non-finite updates in a row (train.max_nonfinite); not saved
+        self.lr = 0.0  # the lr of the last update
+        self.stop_reason = ""  # why the run stops, as a user would set it ("max_updates=100"); "" while it runs
+        self.last_valid_nll: float | None = None  # NLL of this process's last validation
         self.last_save_update = -1
         self.start_time = self.last_save_time = time.monotonic()
+        self._epoch_cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches of it)
+        # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
+        # no bar there; _log_train prints a plain line every train.log_every updates instead.
+        self.log_lines = not sys.stderr.isatty()
         resume = self._resume()
         self.horizon_updates = self._horizon_updates()
         self.snapshots_done = self._snapshots_before(self._progress())
-        self._bleu_cache: tuple[Any, list[str], list[str]] | None = None  # built at the first validation BLEU
         self.files = RunFiles.open(self.save_dir, resume) if env.is_main else None
         if env.is_main:
-            self._announce(vocab_size)
+            self._announce()
 
     # -- setup
 
@@ -246,10 +138,10 @@ class Trainer:
                 f"{path} holds a different model ({saved.model}) than the config ({self.cfg.model}); "
                 "use a new train.save_dir, or restore the model section the run was started with"
             )
-        self.module.load_state_dict(ck.model)
-        self.optimizer.load_state_dict(ck.training.optimizer)
+        self.stepper.module.load_state_dict(ck.model)
+        self.stepper.optimizer.load_state_dict(ck.training.optimizer)
         if ck.training.scaler:
-            self.step.scaler.load_state_dict(ck.training.scaler)
+            self.stepper.scaler.load_state_dict(ck.training.scaler)
         p = self.progress = ck.progress
         p.batch_in_epoch = self._resume_position(path, p.batch_in_epoch, ck.training)
         restore_rng(ck.training.rng, self.env, self.cfg.train.seed, p.update)
@@ -266,13 +158,13 @@ class Trainer:
         world size converts the position exactly where one exists.
         """
         saved_world_size, batching = saved.rng["world_size"], saved.batching
-        changes = batching_changes(batching, self.batching) if batching else []  # None: written before it was kept
+        changes = batching_changes(batching, self.data.batching) if batching else []  # None: written before it was kept
         if changes and batch_in_epoch > 0:
             return self._restart_epoch(path, changes, batch_in_epoch, int(batching["batches"]))
-        ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
+        ds, tc, env, epoch = self.data.train, self.cfg.train, self.env, self.progress.epoch
         position = resume_position(
             ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
-            env.world_size, self.max_len,
+            env.world_size, self.data.max_len,
         )  # fmt: skip
         if position is None:
             raise TrainError(
@@ -305,20 +197,21 @@ class Trainer:
             )
         return 0
 
-    def _announce(self, vocab_size: int) -> None:
+    def _announce(self) -> None:
+        """The run's shape on stderr (model size, processes, tokens per update, sentences left out); config.yaml."""
         tc, env = self.cfg.train, self.env
         tokens = tc.max_tokens * tc.update_freq * env.world_size
         tqdm.write(
-            f"model: {count_parameters(self.module):,} parameters, vocabulary {vocab_size}; "
-            f"{env.world_size} process(es) on {env.device.type}, precision {self.precision}; "
+            f"model: {count_parameters(self.stepper.module):,} parameters, vocabulary {self.data.vocab_size}; "
+            f"{env.world_size} process(es) on {env.device.type}, precision {self.stepper.precision}; "
             f"tokens per update <= max_tokens {tc.max_tokens} x update_freq {tc.update_freq} x {env.world_size} "
             f"= {tokens:,}",
             file=sys.stderr,
         )
         tqdm.write(
-            f"left out as longer than {self.max_len} tokens (min of train.max_tokens {tc.max_tokens} and "
-            f"model.max_positions {self.cfg.model.max_positions}): {self.too_long['train']:,} of "
-            f"{len(self.train_ds):,} training and {self.too_long['valid']:,} of {len(self.valid_ds):,} "
+            f"left out as longer than {self.data.max_len} tokens (min of train.max_tokens {tc.max_tokens} and "
+            f"model.max_positions {self.cfg.model.max_positions}): {self.data.too_long['train']:,} of "
+            f"{len(self.data.train):,} training and {self.data.too_long['valid']:,} of {len(self.data.valid):,} "
             "validation sentences",
             file=sys.stderr,
         )
@@ -328,17 +221,17 @@ class Trainer:
 
     def _checkpoint(self) -> Checkpoint:
         """Everything that decides the rest of the run; a collective (the RNG states of every rank)."""
-        scaler = self.step.scaler
+        scaler = self.stepper.scaler
         return Checkpoint(
-            model=self.module.state_dict(),
+            model=self.stepper.module.state_dict(),
             config=self.cfg.to_dict(),
-            spm_model=self.spm_bytes,
+            spm_model=self.data.spm_model,
             progress=dataclasses.replace(self.progress, minutes=self._minutes()),
             training=TrainingState(
-                optimizer=self.optimizer.state_dict(),
+                optimizer=self.stepper.optimizer.state_dict(),
                 rng=rng_state(self.env),  # a collective: every rank calls _save
                 scaler=scaler.state_dict() if scaler.is_enabled() else {},
-                batching={**self.batching, "batches": len(self._epoch_batches())},  # see _resume_position
+                batching={**self.data.batching, "batches": len(self._epoch_batches())},  # see _resume_position
             ),
         )
 
@@ -357,8 +250,21 @@ class Trainer:
     def _validate(self) -> tuple[float, float]:
         """Loss (and BLEU) on the validation split; keep checkpoint_best.pt and the patience count up to date."""
         p, tc = self.progress, self.cfg.train
-        loss, nll = validate(self.module, self.valid_ds, self.cfg, self.env, self.precision)
-        bleu = self._valid_bleu() if tc.valid_bleu_sentences != 0 else None
+        loss, nll = validate(self.stepper.module, self.data.valid, self.cfg, self.env, self.stepper.precision)
+        bleu = self.valid_bleu() if self.valid_bleu is not None else None
+        improved = self._record_validation(loss, nll, bleu)
+        if self.files is not None:
+            self._log_valid(loss, nll, bleu)
+        if improved:
+            self._save(best=True)
+        if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:
+            self.stop_reason = f"patience={tc.patience}"  # run() stops after this update
+        self.last_valid_nll = nll
+        return loss, nll
+
+    def _record_validation(self, loss: float, nll: float, bleu: dict[str, Any] | None) -> bool:
+        """Note a validation in `progress` (last and best figures, patience count); whether it is a new best."""
+        p, tc = self.progress, self.cfg.train
         p.valid_loss, p.valid_update = loss, p.update
         p.valid_history = [*p.valid_history, [p.update, nll]][-3:]  # enough for `unconverged`
         improved = loss < p.best_valid_loss
@@ -368,104 +274,37 @@ class Trainer:
                 improved = bleu["bleu"] > p.best_valid_bleu
             p.valid_bleu, p.best_valid_bleu = bleu["bleu"], max(p.best_valid_bleu, bleu["bleu"])
         p.stale_validations = 0 if improved else p.stale_validations + 1
-        if self.files is not None:
-            record = {"kind": "valid", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll}
-            record.update(ppl=perplexity(nll), best_loss=p.best_valid_loss)
-            line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
-            if bleu is not None:
-                record.update(bleu, best_bleu=p.best_valid_bleu)
-                line += (
-                    f"; bleu {bleu['bleu']:.2f} (best {p.best_valid_bleu:.2f}; {bleu['bleu_sentences']} sentences, "
-                    f"{bleu['bleu_seconds']:.1f} s)"
-                )
-            if tc.patience > 0:
-                line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
-            self.files.log(record)
-            tqdm.write(f"valid at update {p.update}: {line}", file=sys.stderr)
-        if improved:
-            self._save(best=True)
-        if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:
-            self.stop_reason = f"patience={tc.patience}"  # run() stops after this update
-        self._last_valid_nll = nll
-        return loss, nll
+        return improved
 
-    def _valid_bleu(self) -> dict[str, Any]:
-        """sacreBLEU of the model on the first train.valid_bleu_sentences validation pairs; a collective.
-
-        Rank 0 translates (`Translator`, the model in eval mode, beam
-        train.valid_bleu_beam, the rest of the decode section) and scores
-        (`corpus_sacrebleu`, as `tmt evaluate` does); the other ranks wait and
-        receive the score, so every rank takes the same best/patience decisions.
-        """
-        from transformer_mt.decode.translate import empty_outputs
-        from transformer_mt.evaluate import corpus_sacrebleu
-
-        score = empty = seconds = 0.0
-        sentences = 0
-        error: Exception | None = None
-        if self.env.is_main:
-            start, was_training = time.monotonic(), self.module.training
-            try:
-                translator, sources, refs = self._bleu_inputs()
-                self.module.eval()  # no dropout (and no random draw): the model as `tmt translate` runs it
-                hyps = translator.translate_lines(sources)
-                score = corpus_sacrebleu(hyps, refs)["score"]
-                empty, sentences, seconds = empty_outputs(sources, hyps)[0], len(sources), time.monotonic() - start
-            except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
-                error = err
-            finally:
-                self.module.train(was_training)
-        score, empty, failed = all_reduce_sum([score, float(empty), 1.0 if error else 0.0], self.env)
-        if error is not None:
-            raise error
-        if failed:
-            raise TrainError("rank 0 could not compute the validation BLEU (its message says why)")
-        return {"bleu": score, "bleu_sentences": sentences, "empty_hypotheses": int(empty), "bleu_seconds": seconds}
-
-    def _bleu_inputs(self) -> tuple[Any, list[str], list[str]]:
-        """(translator, sources, references) of validation BLEU, built at its first use (rank 0 only).
-
-        The sentences are the first train.valid_bleu_sentences lines (-1: all)
-        of the raw ``data.valid`` files (rank 0 has just checked them in
-        `prepare_on_rank0`), exactly what `tmt evaluate --src --ref` would read.
-        """
-        if self._bleu_cache is not None:
-            return self._bleu_cache
-        from itertools import islice
-
-        from transformer_mt.data.clean import InputError, read_lines
-        from transformer_mt.decode.translate import Translator
-
-        d, tc = self.cfg.data, self.cfg.train
-        limit = None if tc.valid_bleu_sentences < 0 else tc.valid_bleu_sentences
-        bpe = load_bpe(self.data_dir / "spm.model")
-        src, ref = Path(f"{d.valid}.{d.src_lang}"), Path(f"{d.valid}.{d.tgt_lang}")
-        try:
-            sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
-        except InputError as err:
-            raise TrainError(str(err)) from None
-        except OSError as err:
-            raise TrainError(f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid") from None
-        decode = dataclasses.replace(self.cfg.decode, beam_size=tc.valid_bleu_beam, nbest=1)
-        translator = Translator(self.module, bpe, dataclasses.replace(self.cfg, decode=decode), self.env.device)
-        translator.show_progress = False
-        self._bleu_cache = (translator, sources, refs)
-        return self._bleu_cache
+    def _log_valid(self, loss: float, nll: float, bleu: dict[str, Any] | None) -> None:
+        """A ``valid`` record in metrics.jsonl and a line on stderr (rank 0)."""
+        assert self.files is not None
+        p, tc = self.progress, self.cfg.train
+        record = {"kind": "valid", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll}
+        record.update(ppl=perplexity(nll), best_loss=p.best_valid_loss)
+        line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
+        if bleu is not None:
+            record.update(bleu, best_bleu=p.best_valid_bleu)
+            line += (
+                f"; bleu {bleu['bleu']:.2f} (best {p.best_valid_bleu:.2f}; {bleu['bleu_sentences']} sentences, "
+                f"{bleu['bleu_seconds']:.1f} s)"
+            )
+        if tc.patience > 0:
+            line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
+        self.files.log(record)
+        tqdm.write(f"valid at update {p.update}: {line}", file=sys.stderr)
 
     def _final_warnings(self) -> list[tuple[str, str]]:
         """(reason, message) for each way this run ends badly trained: inside its warmup, or far from converged."""
         p, tc = self.progress, self.cfg.train
         found = []
         if self.schedule.warming_up(p.update, self._progress()):
-            if self.schedule.warmup_fraction > 0:
-                warmup = f"its warmup of the first {tc.warmup_fraction:.0%} of its budget (train.warmup_fraction)"
-            else:
-                warmup = f"its warmup of {tc.warmup} updates (train.warmup)"
             found.append((
                 "warmup",
-                f"training stopped at update {p.update}, inside {warmup}: the learning rate never reached its peak, "
-                "so the model is barely trained and translations may be empty; train longer (train.max_updates / "
-                "train.max_minutes) or shorten the warmup (train.warmup, or train.warmup_fraction with train.lr)",
+                f"training stopped at update {p.update}, inside {self._warmup_described()}: the learning rate never "
+                "reached its peak, so the model is barely trained and translations may be empty; train longer "
+                "(train.max_updates / train.max_minutes) or shorten the warmup (train.warmup, or "
+                f"train.warmup_fraction with train.lr{', train.min_warmup' if tc.min_warmup > 0 else ''})",
             ))  # fmt: skip
         why = unconverged([(int(u), perplexity(nll)) for u, nll in p.valid_history], tc.validate_every)
         if why:
@@ -475,6 +314,18 @@ class Trainer:
                 "(train.max_updates / train.max_minutes): running it again with a higher limit resumes it",
             ))  # fmt: skip
         return found
+
+    def _warmup_described(self) -> str:
+        """The run's warmup as its keys set it, for the warning of a run that stopped inside it."""
+        tc = self.cfg.train
+        if tc.warmup_fraction <= 0:
+            return f"its warmup of {tc.warmup} updates (train.warmup)"
+        if tc.min_warmup <= 0:
+            return f"its warmup of the first {tc.warmup_fraction:.0%} of its budget (train.warmup_fraction)"
+        return (
+            f"its warmup of the first {tc.warmup_fraction:.0%} of its budget, at least {tc.min_warmup} updates "
+            "(train.warmup_fraction, train.min_warmup)"
+        )
 
     def _warn(self, reason: str, message: str) -> None:
         """A warning on stderr and as a ``warning`` record in metrics.jsonl (rank 0)."""
@@ -542,15 +393,15 @@ class Trainer:
 
     def _epoch_batches(self) -> list[np.ndarray]:
         """This rank's batches of the current epoch, computed once per epoch (seconds on WMT's 4.5M sentences)."""
-        ds, tc, env, epoch = self.train_ds, self.cfg.train, self.env, self.progress.epoch
+        ds, tc, env, epoch = self.data.train, self.cfg.train, self.env, self.progress.epoch
         if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
             return self._epoch_cache[1]
         batches = epoch_batches(
-            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, env.rank, env.world_size, self.max_len
+            ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, env.rank, env.world_size, self.data.max_len
         )
         if not batches:
             raise TrainError(
-                f"{self.data_dir}: no training batch: every sentence is longer than {self.max_len} tokens "
+                f"{self.data.dir}: no training batch: every sentence is longer than {self.data.max_len} tokens "
                 f"(min of train.max_tokens={tc.max_tokens} and model.max_positions={self.cfg.model.max_positions}); "
                 "raise train.max_tokens"
             )
@@ -558,7 +409,13 @@ class Trainer:
         return batches
 
     def _updates(self) -> Iterator[list[np.ndarray]]:
-        """This rank's batch groups, one per update, from the saved position on; ends when an epoch limit is hit."""
+        """This rank's batch groups, one per update, from the saved position on; ends when an epoch limit is hit.
+
+        It owns the position in the epoch: ``progress.batch_in_epoch`` moves
+        past a group as the group is handed out, so a checkpoint written after
+        that update records where the next one starts; the next epoch begins
+        when the next group is asked for.
+        """
         p, tc = self.progress, self.cfg.train
         if tc.patience > 0 and p.stale_validations >= tc.patience:  # resumed after patience had stopped it
             self.stop_reason = f"patience={tc.patience}"
@@ -567,6 +424,7 @@ class Trainer:
             batches = self._epoch_batches()
             while p.batch_in_epoch < len(batches):
                 group = batches[p.batch_in_epoch : p.batch_in_epoch + tc.update_freq]
+                p.batch_in_epoch += len(group)
                 yield group
             if tc.max_epochs > 0 and p.epoch >= tc.max_epochs:
                 self.stop_reason = f"max_epochs={tc.max_epochs}"
@@ -582,13 +440,9 @@ class Trainer:
         return stop_n > 0, save_n > 0
 
     def run(self) -> TrainResult:
+        """Train until a budget (or patience) stops the run; validate and save at the end."""
         p, tc = self.progress, self.cfg.train
-        self.stop_reason = ""
-        self._last_valid_nll: float | None = None
-        self.step.model.train()
-        # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
-        # no bar there; _log_train prints a plain line every train.log_every updates instead.
-        self.log_lines = not sys.stderr.isatty()
+        self.stepper.model.train()
         bar = tqdm(
             total=self.horizon_updates or None, initial=p.update, disable=not self.env.is_main or self.log_lines,
             file=sys.stderr, unit="upd", dynamic_ncols=True, desc="train",
@@ -598,26 +452,34 @@ class Trainer:
             self.stop_reason = f"max_updates={tc.max_updates}"
         else:
             for group in self._updates():
-                batches = [collate(self.train_ds, idx) if len(idx) else None for idx in group]
-                stats = accumulate_gradients(self.step, batches)
-                self.lr = self.schedule.lr(p.update + 1, self._progress(p.update + 1))
-                stats = apply_gradients(self.step, stats, self.lr)
-                p.batch_in_epoch += len(group)
+                stats = self._update(group)
                 self._after_update(stats, window, bar)
-                time_stop, time_save = self._time_flags()
-                snapshot = self._snapshot_due()  # always: it advances the snapshot count even when a save is due anyway
-                if stats.stepped and (
-                    (tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0) or time_save or snapshot
-                ):
-                    self._save()
-                if tc.max_updates > 0 and p.update >= tc.max_updates:
-                    self.stop_reason = f"max_updates={tc.max_updates}"
-                elif time_stop:
-                    self.stop_reason = f"max_minutes={tc.max_minutes}"
+                self._save_or_stop(stats)
                 if self.stop_reason:
                     break
         bar.close()
         return self._finish()
+
+    def _update(self, group: list[np.ndarray]) -> UpdateStats:
+        """One update from this rank's batches ``group`` (every rank takes part): gradients, lr, optimizer step."""
+        batches = [collate(self.data.train, idx) if len(idx) else None for idx in group]
+        stats = accumulate_gradients(self.stepper, batches)
+        update = self.progress.update + 1
+        self.lr = self.schedule.lr(update, self._progress(update))
+        return apply_gradients(self.stepper, stats, self.lr)
+
+    def _save_or_stop(self, stats: UpdateStats) -> None:
+        """After an update: a checkpoint when one is due, and the stop reason once a budget is spent."""
+        p, tc = self.progress, self.cfg.train
+        time_stop, time_save = self._time_flags()
+        snapshot = self._snapshot_due()  # always: it advances the snapshot count even when a save is due anyway
+        periodic = tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0
+        if stats.stepped and (periodic or time_save or snapshot):
+            self._save()
+        if tc.max_updates > 0 and p.update >= tc.max_updates:
+            self.stop_reason = f"max_updates={tc.max_updates}"
+        elif time_stop:
+            self.stop_reason = f"max_minutes={tc.max_minutes}"
 
     def _after_update(self, stats: UpdateStats, window: Window, bar: tqdm) -> None:
         """Count the update (or the skip), log, validate."""
@@ -674,7 +536,7 @@ class Trainer:
     def _skipped(self, stats: UpdateStats) -> None:
         """A non-finite update: nothing was applied. fp16 overflows are the loss scaler's business."""
         p, tc = self.progress, self.cfg.train
-        scaler = self.step.scaler
+        scaler = self.stepper.scaler
         if stats.tokens == 0:
             return
         if scaler.is_enabled() and math.isfinite(stats.loss_sum):
@@ -696,7 +558,7 @@ class Trainer:
 
     def _finish(self) -> TrainResult:
         p = self.progress
-        nll = self._last_valid_nll
+        nll = self.last_valid_nll
         if p.valid_update != p.update:
             _, nll = self._validate()
         if self.last_save_update != p.update:
@@ -714,29 +576,10 @@ class Trainer:
             self.files.close()
         return TrainResult(
             p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason,
-            self.too_long["train"], self.too_long["valid"],
+            self.data.too_long["train"], self.data.too_long["valid"],
             best_valid_bleu=p.best_valid_bleu if p.valid_bleu is not None else None,
             warnings=tuple(message for _, message in warnings),
         )  # fmt: skip
-
-
-def prepare_on_rank0(cfg: Config, env: DistEnv) -> Path:
-    """Rank 0 prepares ``data.dir`` when needed; the other ranks wait for it outside any collective.
-
-    Preparing WMT takes far longer than a collective may wait (NCCL's default
-    timeout is 10 minutes), so the others poll for the finished data
-    (`wait_until_prepared`) and nobody waits in a collective meanwhile. When
-    rank 0 fails it raises at once, and torchrun stops the waiting ranks.
-    """
-    from transformer_mt.data.prepare import PrepareError, prepare_data, wait_until_prepared
-
-    if not env.is_main:
-        wait_until_prepared(cfg, f"rank {env.rank}")
-        return Path(cfg.data.dir)
-    try:
-        return Path(prepare_data(cfg))
-    except PrepareError as err:
-        raise TrainError(str(err)) from None
 
 
 def train_model(cfg: Config) -> TrainResult:

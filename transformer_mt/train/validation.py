@@ -1,0 +1,148 @@
+"""Validation: loss and NLL on the validation split, validation BLEU, and the rule that calls a run unconverged.
+
+The loss is computed on every rank's shard of the split and summed over all
+ranks; BLEU is translated and scored on rank 0 (`ValidBleu`) and broadcast,
+so every rank takes the same best-checkpoint and patience decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from transformer_mt.config import Config
+from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_batches
+from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.clean import InputError, read_lines
+from transformer_mt.data.dataset import ParallelDataset, collate
+from transformer_mt.decode.translate import Translator, empty_outputs
+from transformer_mt.evaluate import corpus_sacrebleu
+from transformer_mt.train.build import max_sentence_len
+from transformer_mt.train.distributed import DistEnv, all_reduce_sum
+from transformer_mt.train.step import TrainError, forward_loss
+
+UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from any usable translation model
+UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
+
+
+def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | None:
+    """Why a run that ends with these validations is far from converged, or None (the rule of docs/training.md).
+
+    ``history`` holds (update, validation perplexity) pairs, oldest first, the
+    last one the final validation. Far from converged: its perplexity is above
+    `UNCONVERGED_PPL`, or more than `UNCONVERGED_DROP` below that of the latest
+    validation at least ``validate_every`` updates before it (the final
+    validation may come a few updates after a periodic one, too close to see
+    a trend).
+    """
+    if not history:
+        return None
+    update, ppl = history[-1]
+    if ppl > UNCONVERGED_PPL:
+        return f"validation perplexity {ppl:.1f} is above {UNCONVERGED_PPL:g}"
+    earlier = [(u, x) for u, x in history[:-1] if u <= update - max(validate_every, 1)]
+    if earlier and ppl < (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
+        before, prev = earlier[-1]
+        return (
+            f"validation perplexity fell {100 * (1 - ppl / prev):.0f}% in the last {update - before} updates "
+            f"({prev:.2f} at update {before}, {ppl:.2f} at {update}), more than {UNCONVERGED_DROP:.0%}: "
+            "the model is still learning fast"
+        )
+    return None
+
+
+@torch.no_grad()
+def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, precision: str) -> tuple[float, float]:
+    """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it.
+
+    Sentences longer than `max_sentence_len` are left out, as in training.
+    """
+    indices = ordered_indices(ds.src_lens, ds.tgt_lens, cfg.train.seed)
+    batches = batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens, max_sentence_len(cfg))
+    batches = shard_batches(batches, env.rank, env.world_size)
+    was_training = module.training
+    module.eval()
+    loss_sum = nll_sum = tokens = 0.0
+    for idx in batches:
+        if len(idx) == 0:
+            continue
+        batch = collate(ds, idx).to(env.device)
+        loss, nll = forward_loss(module, batch, precision, cfg.train.label_smoothing)
+        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.num_tgt_tokens
+    module.train(was_training)
+    loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], env)
+    if tokens == 0:
+        raise TrainError(
+            f"the validation split in {cfg.data.dir} has no sentence of at most {max_sentence_len(cfg)} tokens "
+            "(min of train.max_tokens and model.max_positions); raise them or check the validation files"
+        )
+    return loss_sum / tokens, nll_sum / tokens
+
+
+class ValidBleu:
+    """Validation BLEU (train.valid_bleu_sentences): `tmt evaluate`'s figure for the model being trained."""
+
+    def __init__(self, cfg: Config, module: nn.Module, data_dir: Path, env: DistEnv) -> None:
+        self.cfg, self.module, self.data_dir, self.env = cfg, module, data_dir, env
+        self._cache: tuple[Translator, list[str], list[str]] | None = None  # built at the first use (rank 0)
+
+    def __call__(self) -> dict[str, Any]:
+        """sacreBLEU of the model on the first train.valid_bleu_sentences validation pairs; a collective.
+
+        Rank 0 translates (`Translator`, the model in eval mode, beam
+        train.valid_bleu_beam, the rest of the decode section) and scores
+        (`corpus_sacrebleu`, as `tmt evaluate` does); the other ranks wait and
+        receive the score, so every rank takes the same best/patience decisions.
+        """
+        score = empty = seconds = 0.0
+        sentences = 0
+        error: Exception | None = None
+        if self.env.is_main:
+            start, was_training = time.monotonic(), self.module.training
+            try:
+                translator, sources, refs = self._inputs()
+                self.module.eval()  # no dropout (and no random draw): the model as `tmt translate` runs it
+                hyps = translator.translate_lines(sources)
+                score = corpus_sacrebleu(hyps, refs)["score"]
+                empty, sentences, seconds = empty_outputs(sources, hyps)[0], len(sources), time.monotonic() - start
+            except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
+                error = err
+            finally:
+                self.module.train(was_training)
+        score, empty, failed = all_reduce_sum([score, float(empty), 1.0 if error else 0.0], self.env)
+        if error is not None:
+            raise error
+        if failed:
+            raise TrainError("rank 0 could not compute the validation BLEU (its message says why)")
+        return {"bleu": score, "bleu_sentences": sentences, "empty_hypotheses": int(empty), "bleu_seconds": seconds}
+
+    def _inputs(self) -> tuple[Translator, list[str], list[str]]:
+        """(translator, sources, references) of validation BLEU, built at its first use (rank 0 only).
+
+        The sentences are the first train.valid_bleu_sentences lines (-1: all)
+        of the raw ``data.valid`` files (rank 0 has just checked them in
+        `prepare_on_rank0`), exactly what `tmt evaluate --src --ref` would read.
+        """
+        if self._cache is not None:
+            return self._cache
+        d, tc = self.cfg.data, self.cfg.train
+        limit = None if tc.valid_bleu_sentences < 0 else tc.valid_bleu_sentences
+        bpe = load_bpe(self.data_dir / "spm.model")
+        src, ref = Path(f"{d.valid}.{d.src_lang}"), Path(f"{d.valid}.{d.tgt_lang}")
+        try:
+            sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
+        except InputError as err:
+            raise TrainError(str(err)) from None
+        except OSError as err:
+            raise TrainError(f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid") from None
+        decode = dataclasses.replace(self.cfg.decode, beam_size=tc.valid_bleu_beam, nbest=1)
+        translator = Translator(self.module, bpe, dataclasses.replace(self.cfg, decode=decode), self.env.device)
+        translator.show_progress = False
+        self._cache = (translator, sources, refs)
+        return self._cache
