@@ -133,6 +133,13 @@ def test_counts_that_must_be_positive(key):
         load_config(None, [f"{key}=0"])
 
 
+@pytest.mark.parametrize("key", ["data.train", "data.valid"])
+def test_train_and_valid_prefixes_are_required_but_not_test(key):
+    with pytest.raises(ConfigError, match=rf"{key} is empty; it must name the .* files' prefix"):
+        load_config(None, [f"{key}="])
+    assert load_config(None, ["data.test="]).data.test == ""
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")

@@ -221,11 +221,6 @@ def test_reservoir_smaller_stream_keeps_everything():
     assert r.items == list(range(7))
 
 
-def test_train_and_valid_prefixes_are_required(small):
-    with pytest.raises(PrepareError, match="data.valid is empty"):
-        prepare_data(_config(small, "data.valid="))
-
-
 def test_no_test_split_when_test_prefix_is_empty(small):
     prepare_data(_config(small, "data.test="))
     assert set(load_manifest(small / "out")["splits"]) == {"train", "valid"}

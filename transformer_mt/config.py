@@ -274,6 +274,7 @@ def config_from_dict(raw: dict[str, Any], origin: str = "checkpoint") -> Config:
 
 def validate(cfg: Config) -> None:
     """Checks across keys that no single type can express."""
+    _validate_data(cfg.data)
     m = cfg.model
     if m.d_model % m.heads:
         raise ConfigError(
@@ -316,6 +317,13 @@ def validate(cfg: Config) -> None:
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
         raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
     _validate_validation(cfg.train)
+
+
+def _validate_data(d: DataConfig) -> None:
+    """The training and validation prefixes are required; an empty data.test means no test split."""
+    for key in ("train", "valid"):
+        if not getattr(d, key):
+            raise ConfigError(f"data.{key} is empty; it must name the {key} files' prefix (only data.test may be '')")
 
 
 def _validate_validation(tc: TrainConfig) -> None:

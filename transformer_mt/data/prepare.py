@@ -245,9 +245,7 @@ def _maybe_synthesize(cfg: Config) -> None:
 
 
 def _check_present(cfg: Config, splits: list[SplitFiles]) -> None:
-    for key in ("train", "valid"):
-        if not getattr(cfg.data, key):
-            raise PrepareError(f"data.{key} is empty; it must name the {key} files' prefix (only data.test may be '')")
+    """Every input file the config names exists (that data.train and data.valid name some: `config.validate`)."""
     for s in splits:
         for path in (s.src, s.tgt):
             if not path.is_file():
