@@ -4,15 +4,23 @@ import re
 import pytest
 
 from transformer_mt import files
-from transformer_mt.files import atomic_open, atomic_path, atomic_write_bytes, atomic_write_text, remove_leftovers
+from transformer_mt.files import atomic_open, atomic_path, atomic_write_lines, atomic_write_text, remove_leftovers
 
 
 def test_write_text_and_bytes(tmp_path):
     atomic_write_text(tmp_path / "a.txt", "één\ntwee\n")
-    atomic_write_bytes(tmp_path / "b.bin", b"\x00\xff")
+    with atomic_open(tmp_path / "b.bin") as f:
+        f.write(b"\x00\xff")
     assert (tmp_path / "a.txt").read_bytes() == "één\ntwee\n".encode()
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
     assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.bin"]  # no temporary file left
+
+
+def test_write_lines_streams_with_unix_line_ends_into_a_new_directory(tmp_path):
+    path = tmp_path / "new" / "hyp.de"
+    atomic_write_lines(path, (line for line in ["eins", "", "drei\r"]))
+    assert path.read_bytes() == b"eins\n\ndrei\r\n"
+    assert os.listdir(path.parent) == ["hyp.de"]
 
 
 def test_replaces_an_existing_file(tmp_path):

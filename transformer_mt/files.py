@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -78,10 +78,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path``, whole or not at all."""
-    with atomic_open(path) as f:
-        f.write(data)
+def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Stream ``lines`` as UTF-8, each ended by '\\n', into ``path`` (its directory created), whole or not at all.
+
+    For outputs of any length (translations, hypotheses): nothing is held
+    in memory beyond what ``lines`` yields.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
 
 
 def remove_leftovers(directory: str | Path, owned: re.Pattern[str]) -> list[Path]:

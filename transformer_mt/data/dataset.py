@@ -98,9 +98,6 @@ class Batch:
             self.tgt_out.to(device, non_blocking=non_blocking),
         )
 
-    def pin_memory(self) -> Batch:
-        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
-
 
 def collate(ds: ParallelDataset, indices: np.ndarray | list[int]) -> Batch:
     """Pad the sentences ``indices`` of ``ds`` into one `Batch`, in the given order.
