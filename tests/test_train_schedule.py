@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transformer_mt.config import ConfigError, TrainConfig, load_config
-from transformer_mt.train.schedule import Schedule, build_optimizer, horizon_progress, inverse_sqrt_lr
+from transformer_mt.train.schedule import FLOOR_CAP, Schedule, build_optimizer, horizon_progress, inverse_sqrt_lr
 
 
 @pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
@@ -99,18 +99,29 @@ def test_min_warmup_is_a_floor_under_the_warmup_fraction(step):
     assert sched.warming_up(step, progress) == (step < floor)
 
 
-@pytest.mark.parametrize("step", [1, 40, 80, 81, 120, 200, 900, 2000])
-def test_min_warmup_with_inverse_sqrt_decays_from_where_the_ramp_ends(step):
-    f, floor, peak, budget = 0.1, 80, 1e-3, 2000  # the fraction's warmup (200 updates) is the longer here
+@pytest.mark.parametrize("step", [1, 30, 46, 47, 60, 93])
+def test_min_warmup_never_takes_more_than_half_the_budget(step):
+    """A clock-bounded run that manages only 93 updates warms up over the first half of them, not over 80."""
+    f, floor, peak, budget = 0.1, 80, 1e-3, 93
+    cfg = TrainConfig(schedule="linear", lr=peak, warmup_fraction=f, decay_fraction=0.3, min_warmup=floor)
+    sched, progress = Schedule.from_config(cfg, 256), step / budget
+    ramp = min(progress / f, max(step / floor, progress / FLOOR_CAP))
+    assert FLOOR_CAP == 0.5
+    assert sched.lr(step, progress) == pytest.approx(peak * min(ramp, 1 - max(progress - 0.7, 0.0) / 0.3))
+    assert sched.warming_up(step, progress) == (step <= 46)
+
+
+@pytest.mark.parametrize(("step", "budget"), [(1, 2000), (80, 2000), (200, 2000), (900, 2000), (80, 200), (160, 200)])
+def test_min_warmup_with_inverse_sqrt_decays_from_where_the_ramp_ends(step, budget):
+    """inverse_sqrt is ``peak * min(ramp, ramp^-1/2)`` whichever warmup is the longer."""
+    f, floor, peak = 0.1, 80, 1e-3
     sched = Schedule.from_config(TrainConfig(lr=peak, warmup_fraction=f, min_warmup=floor), 256)
     progress = step / budget
-    ramp = min(progress / f, step / floor)
-    decay = max(math.sqrt(f / progress), math.sqrt(floor / step))
-    assert sched.lr(step, progress) == pytest.approx(peak * min(ramp, decay), rel=1e-12)
-    assert sched.lr(200, 0.1) == pytest.approx(peak)  # the peak where the longer warmup ends
-    short = Schedule.from_config(TrainConfig(lr=peak, warmup_fraction=f, min_warmup=floor), 256)
-    assert short.lr(80, 0.4) == pytest.approx(peak)  # a 200-update budget: the floor's warmup is the longer
-    assert short.lr(160, 0.8) == pytest.approx(peak * math.sqrt(80 / 160))
+    ramp = min(progress / f, max(step / floor, progress / FLOOR_CAP))
+    assert sched.lr(step, progress) == pytest.approx(peak * min(ramp, ramp**-0.5), rel=1e-12)
+    assert sched.lr(200, 0.1) == pytest.approx(peak)  # 2000 updates: the peak where the 10% warmup ends
+    assert sched.lr(80, 0.4) == pytest.approx(peak)  # 200 updates: where the floor's warmup ends
+    assert sched.lr(160, 0.8) == pytest.approx(peak * math.sqrt(80 / 160))
 
 
 def test_progress_is_the_bound_reached_first():

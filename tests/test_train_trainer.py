@@ -20,7 +20,7 @@ from transformer_mt.decode.translate import Translator
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints
-from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
     Stepper,
@@ -30,7 +30,7 @@ from transformer_mt.train.step import (
     apply_gradients,
     resolve_precision,
 )
-from transformer_mt.train.trainer import Window, train_model
+from transformer_mt.train.trainer import Trainer, Window, train_model
 from transformer_mt.train.validation import unconverged
 
 
@@ -292,14 +292,18 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
     assert result.warnings == tuple(w["message"] for w in warnings)
 
 
-def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp_path, capsys):
-    """A budget of 3 updates spends its 10% long before the 100-update floor: the floor is what kept it warming up."""
+def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp_path):
+    """A budgeted run always leaves a fraction's warmup (the floor takes at most half the budget); one stopped
+    early, here before its first update, is warned with both keys named."""
     schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
-    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule))
+    trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup())
+    ((reason, message),) = trainer._final_warnings()
+    assert reason == "warmup"
     assert (
-        "warning: training stopped at update 3, inside its warmup of the first 10% of its budget, at least 100 "
-        "updates (train.warmup_fraction, train.min_warmup): the learning rate never reached its peak"
-    ) in capsys.readouterr().err
+        "training stopped at update 0, inside its warmup of the first 10% of its budget, at least 100 updates "
+        "(train.warmup_fraction, train.min_warmup): the learning rate never reached its peak"
+    ) in message
+    assert not trainer.schedule.warming_up(3, 1.0)  # where the budget of 3 updates ends
 
 
 def test_the_convergence_rule():

@@ -25,18 +25,37 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+# `train.min_warmup` never takes more than this share of the budget: a run far slower than its floor assumed
+# (a busy machine, a tiny time budget) still leaves its warmup halfway and trains at the peak.
+FLOOR_CAP = 0.5
+
+
+def warmup_ramp(step: int, progress: float, schedule: Schedule) -> float:
+    """How far through its warmup update ``step`` is: below 1 while warming up, the fraction of the peak reached.
+
+    ``step / warmup`` (warmup in updates), or ``progress / warmup_fraction``;
+    with ``min_warmup`` as well, the slower of that and ``step / min_warmup``
+    (but never slower than ``progress / FLOOR_CAP``), so that a tiny budget
+    still warms up over enough updates for post-norm to stay stable.
+    """
+    f, floor = schedule.warmup_fraction, schedule.min_warmup
+    if f <= 0:
+        return step / schedule.warmup
+    ramp = progress / f
+    if floor > 0:
+        ramp = min(ramp, max(step / floor, progress / FLOOR_CAP))
+    return ramp
+
+
 def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
     """The learning rate of update ``step`` (from 1), ``progress`` (0..1) of the way through the run's horizon.
 
-    ``lr = peak * min(ramp, decay)``. The ramp is ``step / warmup`` (warmup in
-    updates), or ``progress / warmup_fraction`` when the warmup is a fraction
-    of the horizon; with ``min_warmup`` as well, the slower of that and
-    ``step / min_warmup``, so that a tiny budget still warms up over enough
-    updates for post-norm to stay stable. The decay after the ramp:
+    ``lr = peak * min(ramp, decay)``, the ramp from `warmup_ramp`. The decay
+    after it:
 
-    - ``inverse_sqrt``: ``sqrt(warmup / step)``, or ``sqrt(warmup_fraction / progress)``
-      (the larger of that and ``sqrt(min_warmup / step)``: it starts where the ramp ends):
-      with the paper's peak this is exactly eq. 3 (`inverse_sqrt_lr`);
+    - ``inverse_sqrt``: ``ramp^-1/2``, that is ``sqrt(warmup / step)`` or
+      ``sqrt(warmup_fraction / progress)``: with the paper's peak this is
+      exactly eq. 3 (`inverse_sqrt_lr`);
     - ``linear``: from the peak at the end of warmup to 0 at the end of the horizon;
     - ``cosine``: half a cosine over the same span.
 
@@ -51,15 +70,11 @@ def warmup_decay_lr(step: int, progress: float, schedule: Schedule) -> float:
     """
     if step < 1:
         raise ValueError(f"the schedule counts updates from 1, got step {step}")
-    f, d, floor = schedule.warmup_fraction, schedule.decay_fraction, schedule.min_warmup
+    f, d = schedule.warmup_fraction, schedule.decay_fraction
     p = min(max(progress, 0.0), 1.0)
-    ramp = p / f if f > 0 else step / schedule.warmup
-    if f > 0 and floor > 0:
-        ramp = min(ramp, step / floor)
+    ramp = warmup_ramp(step, p, schedule)
     if schedule.kind == "inverse_sqrt":
-        decay = (math.sqrt(f / p) if p > 0 else 1.0) if f > 0 else math.sqrt(schedule.warmup / step)
-        if f > 0 and floor > 0:
-            decay = max(decay, math.sqrt(floor / step))
+        decay = 1.0 / math.sqrt(ramp) if ramp > 0 else 1.0
     else:
         # t: how much of the decay span (0..1) lies behind; 0 while warming up or holding the peak
         if d > 0:
@@ -81,7 +96,7 @@ class Schedule:
     warmup: int  # warmup in updates (used when warmup_fraction is 0)
     warmup_fraction: float  # warmup as a fraction of the horizon; 0: use `warmup`
     decay_fraction: float = 0.0  # linear/cosine: decay over this last fraction of the horizon only; 0: all after warmup
-    min_warmup: int = 0  # with warmup_fraction: the warmup lasts at least this many updates; 0: no floor
+    min_warmup: int = 0  # with warmup_fraction: warm up over at least this many updates (at most FLOOR_CAP); 0: none
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, d_model: int) -> Schedule:
@@ -94,9 +109,7 @@ class Schedule:
 
     def warming_up(self, step: int, progress: float) -> bool:
         """Whether update ``step`` is still inside the warmup: a run stopped there has not trained at full lr."""
-        if self.warmup_fraction > 0:
-            return progress < self.warmup_fraction or step < self.min_warmup
-        return step < self.warmup
+        return warmup_ramp(step, min(max(progress, 0.0), 1.0), self) < 1.0
 
 
 def horizon_progress(update: int, minutes: float, max_updates: int, max_minutes: float) -> float:
