@@ -298,6 +298,7 @@ def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp
     schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
     trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup())
     ((reason, message),) = trainer._final_warnings()
+    trainer.files.close()
     assert reason == "warmup"
     assert (
         "training stopped at update 0, inside its warmup of the first 10% of its budget, at least 100 updates "
