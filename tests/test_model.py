@@ -10,7 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.config import ConfigError, ModelConfig, load_config
-from transformer_mt.model.attention import CrossAttention, SelfAttention, group_queries, ungroup
+from transformer_mt.model.attention import (
+    SMALL_QUERIES,
+    CrossAttention,
+    SelfAttention,
+    additive_mask,
+    attention,
+    group_queries,
+    ungroup,
+)
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_positions
 from transformer_mt.model.transformer import (
     EncoderOut,
@@ -143,6 +151,20 @@ def test_group_queries_and_ungroup_are_inverse_reshapes() -> None:
     assert torch.equal(grouped[1, :, 2:], q[3])  # sentence 1, beam 1: its queries follow beam 0's
     assert torch.equal(ungroup(grouped, 2), q)
     assert group_queries(q, 1) is q
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_decoding_step_attention_equals_the_fused_kernel(groups: int) -> None:
+    """The two-matmul path of a few queries per row computes what scaled_dot_product_attention does."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3 * groups, 2, 1, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    allowed = torch.rand(3, 1, groups, 6) > 0.3
+    allowed[..., 0] = True  # every query sees something
+    fused = F.scaled_dot_product_attention(group_queries(q, groups), k, v, attn_mask=allowed)
+    for mask in (allowed, additive_mask(allowed)):
+        torch.testing.assert_close(ungroup(fused, groups), attention(q, k, v, mask, groups=groups), atol=1e-6, rtol=0)
+    big = torch.randn(3, 2, SMALL_QUERIES + 1, 8)  # more queries per row: the fused kernel itself
+    torch.testing.assert_close(attention(big, k, v), F.scaled_dot_product_attention(big, k, v), atol=0, rtol=0)
 
 
 def test_cross_attention_shares_one_memory_row_among_its_group() -> None:
@@ -323,12 +345,12 @@ def test_cache_step_mask_is_causal_and_follows_the_ancestry() -> None:
         cache = model.init_cache(enc)
         model.decode(tokens([3], seed=2), enc, cache)
         assert cache.step(1).mask is None  # one beam, one new position: it sees everything
-        assert cache.step(2).mask.view(2, 5).tolist() == [[True] * 4 + [False], [True] * 5]
+        assert cache.step(2).mask.view(2, 5).eq(0).tolist() == [[True] * 4 + [False], [True] * 5]  # 0 or -inf
         beams = model.init_cache(enc.reorder(torch.tensor([0])), beams=2)
         model.decode(tokens([1, 1], seed=2), enc, beams)
         beams.reorder(torch.tensor([1, 1]))
         # keys ordered (position 0: slot 0, slot 1), (position 1: slot 0, slot 1); both beams descend from slot 1
-        assert beams.step(1).mask.view(2, 4).tolist() == [[False, True, True, False], [False, True, False, True]]
+        assert beams.step(1).mask.view(2, 4).eq(0).tolist() == [[False, True, True, False], [False, True, False, True]]
 
 
 def test_decode_refuses_a_batch_that_does_not_match_the_reordered_cache() -> None:

@@ -221,13 +221,16 @@ def _top_candidates(scores: Tensor, lprobs: Tensor, k: int) -> tuple[Tensor, Ten
     """The 2k best one-token extensions per sentence over (beam x vocab), by raw log-probability.
 
     Returns scores, beam indices and tokens, each (n, 2k), best first. Empty
-    beams (-inf) only produce -inf candidates, which are never kept.
+    beams (-inf) only produce -inf candidates, which are never kept. Every
+    candidate is among the 2k best tokens of its own beam, so those are taken
+    first, and the (n, k, V) sums are never formed.
     """
     n = scores.shape[0]
-    V = lprobs.shape[-1]
-    total = scores[:, :, None] + lprobs.view(n, k, V)  # (n, k, V)
-    cand_scores, flat = total.view(n, k * V).topk(min(2 * k, k * V), dim=1)  # (n, 2k)
-    return cand_scores, flat // V, flat % V
+    m = min(2 * k, lprobs.shape[-1])
+    row_lprobs, row_tokens = lprobs.topk(m, dim=1)  # (n*k, m): the best extensions of each beam
+    total = (scores.view(-1, 1) + row_lprobs).view(n, k * m)  # raw log-probabilities, as scores + lprobs
+    cand_scores, flat = total.topk(min(2 * k, k * m), dim=1)  # (n, 2k)
+    return cand_scores, flat // m, row_tokens.view(n, k * m).gather(1, flat)
 
 
 def _collect_finished(

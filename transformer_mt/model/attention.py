@@ -6,7 +6,8 @@ one (3D, D) matrix and cross-attention stores W_K, W_V as one (2D, D) matrix so
 each needs a single matmul. Heads live on dim 1, as
 `torch.nn.functional.scaled_dot_product_attention` expects: (B, H, T, D/H).
 
-Masks follow that function: a boolean mask is True where a query MAY attend.
+Masks follow that function: a boolean mask is True where a query MAY attend;
+a float mask is added to the scores (0 where allowed, -inf elsewhere).
 
 In beam search the k hypotheses of a sentence sit in k consecutive rows and
 share that sentence's encoder output. `group_queries` puts their queries side
@@ -16,6 +17,7 @@ by side in one row, so that they attend to keys/values held once per sentence
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -41,6 +43,50 @@ def ungroup(y: Tensor, groups: int) -> Tensor:
         return y
     B, H, GT, Dh = y.shape
     return y.unflatten(2, (groups, GT // groups)).transpose(1, 2).flatten(0, 1)
+
+
+SMALL_QUERIES = 8  # queries per row up to which `attention` uses plain matmuls (decoding steps)
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False, dropout: float = 0.0,
+    groups: int = 1,
+) -> Tensor:  # fmt: skip
+    """softmax(Q K^T / sqrt(d_k) + mask) V: q (B*G, H, T, Dh), k and v (B, H, S, Dh) -> (B*G, H, T, Dh).
+
+    Each group of G consecutive query rows attends to one row of keys/values
+    (`group_queries`). PyTorch's fused CPU kernel tiles long query blocks; for
+    a few queries per row (a decoding step: the k beams of a sentence, one
+    position each) two batched matmuls are faster on the CPU, and the same
+    formula. Elsewhere `scaled_dot_product_attention` picks its kernel.
+    """
+    q = group_queries(q, groups)
+    if q.device.type == "cpu" and q.shape[2] <= SMALL_QUERIES and dropout == 0.0 and not is_causal:
+        y = _matmul_attention(q, k, v, mask)
+    else:
+        if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)  # a float mask must match the queries (bf16 under autocast); 0 and -inf stay exact
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+    return ungroup(y, groups)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, H, T, S)
+    if mask is not None and mask.dtype == torch.bool:
+        scores.masked_fill_(~mask, float("-inf"))
+    elif mask is not None:
+        scores.add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, T, Dh)
+
+
+def additive_mask(mask: Tensor | None) -> Tensor | None:
+    """A boolean mask (True where a query may attend) as the float mask added to the scores: 0 or -inf.
+
+    Built once and shared by every layer, instead of each layer converting the boolean mask again.
+    """
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -73,10 +119,7 @@ class SelfAttention(nn.Module):
         group of G consecutive query rows attends to one row of keys/values.
         """
         p = self.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(
-            group_queries(q, groups), k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal
-        )
-        return self.out(merge_heads(ungroup(y, groups)))  # (B*G, T, D)
+        return self.out(merge_heads(attention(q, k, v, mask, is_causal, p, groups)))  # (B*G, T, D)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Attention of x (B, T, D) over itself; mask broadcasts to (B, H, T, T)."""
@@ -109,5 +152,4 @@ class CrossAttention(nn.Module):
         groups = x.shape[0] // k.shape[0]
         (q,) = split_heads(self.q(x), 1, self.heads)  # (B*G, H, T, Dh)
         p = self.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(group_queries(q, groups), k, v, attn_mask=mask, dropout_p=p)
-        return self.out(merge_heads(ungroup(y, groups)))  # (B*G, T, D)
+        return self.out(merge_heads(attention(q, k, v, mask, dropout=p, groups=groups)))  # (B*G, T, D)

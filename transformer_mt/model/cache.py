@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_mt.model.attention import additive_mask
+
 MIN_CAPACITY = 16  # positions allocated at least; a full buffer doubles
 
 
@@ -41,7 +43,7 @@ class Step:
 
     length: int  # positions cached before this call (the position of the first new one)
     beams: int  # k: consecutive rows per sentence
-    mask: Tensor | None  # (n, 1, k*T, (length+T)*k) bool, True where a query may attend; None: everything
+    mask: Tensor | None  # (n, 1, k*T, (length+T)*k) float, added to the scores: 0 or -inf; None: everything
     capacity: int = MIN_CAPACITY  # positions to allocate when the buffers are created
 
 
@@ -98,7 +100,7 @@ class DecoderCache:
     """
 
     layers: list[LayerCache]
-    cross_mask: Tensor | None  # (n, 1, 1, S) bool, True where attending is allowed; None when no padding
+    cross_mask: Tensor | None  # (n, 1, 1, S) float, 0 where attending is allowed, -inf at padding; None: no padding
     beams: int  # k: rows per sentence
     ancestry: Tensor  # (n, k, length) long: the slot holding each position of each beam's history
     capacity: int = MIN_CAPACITY  # target positions to allocate at the first step (more are added by doubling)
@@ -128,7 +130,7 @@ class DecoderCache:
         positions = torch.arange(length + new, device=self.ancestry.device)
         causal = positions[None, :] <= (length + positions[:new])[:, None]  # (new, length+new)
         mask = history & causal[None, None, :, :, None]  # (n, k, new, length+new, k)
-        return Step(length, k, mask.view(n, 1, k * new, (length + new) * k), self.capacity)
+        return Step(length, k, additive_mask(mask.view(n, 1, k * new, (length + new) * k)), self.capacity)
 
     def advance(self, new: int) -> None:
         """Record ``new`` positions written by every layer, each beam in its own slot."""

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.attention import CrossAttention, SelfAttention
+from transformer_mt.model.attention import CrossAttention, SelfAttention, additive_mask
 from transformer_mt.model.cache import MIN_CAPACITY, DecoderCache, LayerCache, Step
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 
@@ -225,7 +225,8 @@ class Transformer(nn.Module):
             k, v = layer.cross_attn.project_memory(enc.memory)  # (B, H, S, Dh) each
             layers.append(LayerCache(None, None, k.contiguous(), v.contiguous()))
         ancestry = torch.zeros(enc.memory.shape[0], beams, 0, dtype=torch.long, device=enc.memory.device)
-        return DecoderCache(layers, padding_mask_or_none(enc.src_pad_mask), beams, ancestry, capacity)
+        cross_mask = additive_mask(padding_mask_or_none(enc.src_pad_mask))  # built once for every step and layer
+        return DecoderCache(layers, cross_mask, beams, ancestry, capacity)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
         """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
