@@ -68,13 +68,23 @@ class LayerCache:
         end = step.length + k.shape[2]
         return self.self_k[:, :, :end].flatten(2, 3), self.self_v[:, :, :end].flatten(2, 3)
 
-    def keep_sentences(self, sentences: Tensor) -> None:
-        """Keep the sentences ``sentences`` (LongTensor), in that order: the only copy of cached keys/values."""
+    def keep_sentences(self, sentences: Tensor, length: int) -> None:
+        """Keep the sentences ``sentences`` (LongTensor), in that order: the only copy of cached keys/values.
+
+        Only the ``length`` positions written so far are copied, not the whole capacity.
+        """
         self.cross_k = self.cross_k.index_select(0, sentences)
         self.cross_v = self.cross_v.index_select(0, sentences)
         if self.self_k is not None and self.self_v is not None:
-            self.self_k = self.self_k.index_select(0, sentences)
-            self.self_v = self.self_v.index_select(0, sentences)
+            self.self_k = _keep_rows(self.self_k, sentences, length)
+            self.self_v = _keep_rows(self.self_v, sentences, length)
+
+
+def _keep_rows(buffer: Tensor, rows: Tensor, length: int) -> Tensor:
+    """A buffer of the same capacity holding ``buffer``'s rows ``rows``, positions [:length] copied."""
+    kept = buffer.new_empty(rows.numel(), *buffer.shape[1:])
+    torch.index_select(buffer[:, :, :length], 0, rows, out=kept[:, :, :length])
+    return kept
 
 
 def _write(buffer: Tensor | None, new: Tensor, step: Step) -> Tensor:
@@ -157,7 +167,7 @@ class DecoderCache:
         self.ancestry = self.ancestry.flatten(0, 1).index_select(0, index).view(kept.numel(), k, length)
         if sentences is not None:
             for layer in self.layers:
-                layer.keep_sentences(sentences)
+                layer.keep_sentences(sentences, length)
             if self.cross_mask is not None:
                 self.cross_mask = self.cross_mask.index_select(0, sentences)
         return self
@@ -168,9 +178,9 @@ def _check_within_sentences(index: Tensor, kept: Tensor, k: int) -> None:
     expected = kept.repeat_interleave(k)
     if index.shape != expected.shape:
         raise ValueError(f"reorder got {index.numel()} rows for {kept.numel()} sentences x {k} beams")
-    wrong = (index.div(k, rounding_mode="floor") != expected).nonzero()
-    if wrong.numel():
-        r = int(wrong[0])
+    sentence = index.div(k, rounding_mode="floor")
+    if not torch.equal(sentence, expected):  # one check per beam step; the details only on failure
+        r = int((sentence != expected).nonzero()[0])
         raise ValueError(
             f"reorder moves row {int(index[r])} (sentence {int(index[r]) // k}) to row {r} of sentence "
             f"{int(expected[r])}; a beam continues a hypothesis of its own sentence, and sentences are dropped or "
