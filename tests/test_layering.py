@@ -55,11 +55,6 @@ def test_data_imports_no_later_stage(graph):
             assert not bad, f"{name} imports {bad}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode/translate.py still loads checkpoints through train/average.py; transformer_mt.checkpoint."
-    "read_average is its replacement (docs/architecture.md)",
-)
 def test_decode_does_not_import_train(graph):
     for name, imported in graph.items():
         if _in(name, "transformer_mt.decode"):

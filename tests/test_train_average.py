@@ -4,10 +4,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint
+from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint, to_state
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
-from transformer_mt.train.average import AverageError, average_checkpoints, average_states, last_checkpoints
+from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
 from transformer_mt.train.checkpoint import checkpoint_name
 
 
@@ -56,7 +56,7 @@ def test_mean_of_parameters(tmp_path):
 
 def test_average_states_is_what_average_checkpoints_writes(tmp_path):
     paths = [_ckpt(tmp_path / f"{u}.pt", u, _model(u)) for u in (2, 1)]
-    state = average_states(paths)
+    state = to_state(read_average(paths))
     assert not list(tmp_path.glob("avg*"))  # nothing written
     average_checkpoints(paths, tmp_path / "avg.pt")
     saved = load_checkpoint(tmp_path / "avg.pt")
@@ -80,7 +80,7 @@ def test_rejects_different_integer_buffers(tmp_path):
     other["steps"] = torch.tensor([4])
     a, b = _ckpt(tmp_path / "a.pt", 1, _model(1)), _ckpt(tmp_path / "b.pt", 2, other)
     with pytest.raises(AverageError, match=r"b\.pt: integer buffer 'steps' differs"):
-        average_states([a, b])
+        average_checkpoints([a, b], tmp_path / "out.pt")
 
 
 def test_bf16_is_cast_back_after_float64_accumulation(tmp_path):

@@ -434,9 +434,9 @@ def score(
         if json_out is not None:
             import json
 
-            from transformer_mt.decode.translate import write_lines_atomic
+            from transformer_mt.files import atomic_write_lines
 
-            write_lines_atomic(json_out, [json.dumps(scores, indent=2)])
+            atomic_write_lines(json_out, [json.dumps(scores, indent=2)])
         typer.echo(format_scores(scores))
     except EvaluateError as err:
         raise fail(str(err)) from None

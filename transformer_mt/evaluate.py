@@ -26,15 +26,8 @@ from typing import Any
 
 from transformer_mt.data.clean import InputError
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
-
-# Test sets by their WMT name, and the sacreBLEU test set that holds them; `tmt download`
-# writes the first two. newstest2014 is the full 3003-sentence set (sacreBLEU's "wmt14/full",
-# statmt's test-full.tgz), the one tensor2tensor evaluated; "wmt14" is the filtered 2737-line subset.
-TESTSETS = {
-    "newstest2013": "wmt13",
-    "newstest2014": "wmt14/full",
-    "newstest2014-filtered": "wmt14",
-}
+from transformer_mt.data.testsets import TESTSETS, TestsetError, check_testset_name, fetch_testset
+from transformer_mt.files import atomic_write_lines
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -153,47 +146,15 @@ def format_scores(scores: dict[str, Any]) -> str:
 # -- test sets
 
 
-def check_testset_name(name: str) -> None:
-    if name not in TESTSETS:
-        raise EvaluateError(
-            f"unknown test set {name!r}; known: {', '.join(TESTSETS)}; or pass local files with --src and --ref"
-        )
-
-
-def fetch_testset(name: str, src_lang: str, tgt_lang: str, offline_hint: str | None = None) -> tuple[Path, Path]:
-    """Source and reference files of a named test set, through sacreBLEU's downloader and cache ($SACREBLEU).
-
-    ``offline_hint`` replaces the advice given when the download fails (the
-    default says how to pass local files to `tmt evaluate`).
-    """
-    check_testset_name(name)
-    from sacrebleu.dataset import DATASETS
-    from sacrebleu.utils import SACREBLEU_DIR
-
-    dataset, pair = DATASETS[TESTSETS[name]], f"{src_lang}-{tgt_lang}"
-    if pair not in dataset.langpairs:
-        raise EvaluateError(f"{name} has no {pair} direction; it has {', '.join(sorted(dataset.langpairs))}")
-    try:
-        src = dataset.get_source_file(pair)
-        refs = dataset.get_reference_files(pair)
-    except (Exception, SystemExit) as err:  # no network, a broken download, a failed checksum (sacreBLEU exits)
-        hint = offline_hint or (
-            f"without network, pass local files: tmt evaluate {name} -c CKPT --src FILE.{src_lang} "
-            f"--ref FILE.{tgt_lang}, or fill the sacreBLEU cache ({SACREBLEU_DIR}, set by the SACREBLEU variable) "
-            "on a machine with network"
-        )
-        raise EvaluateError(
-            f"could not get {name} ({pair}) through sacreBLEU ({type(err).__name__}: {err}); {hint}"
-        ) from None
-    return Path(src), Path(refs[0])
-
-
 def _inputs(testset: str | None, src: Path | None, ref: Path | None, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     if src is not None and ref is not None:
         return src, ref
     if testset is None:
         raise EvaluateError(f"name a test set ({', '.join(TESTSETS)}) or pass --src and --ref")
-    return fetch_testset(testset, src_lang, tgt_lang)
+    try:
+        return fetch_testset(testset, src_lang, tgt_lang)
+    except TestsetError as err:
+        raise EvaluateError(str(err)) from None
 
 
 def evaluate_checkpoint(
@@ -216,12 +177,15 @@ def evaluate_checkpoint(
     `transformer_mt.decode.translate.override_config`). ``engine``: see
     `transformer_mt.decode.translate.load_translator`.
     """
-    from transformer_mt.decode.translate import TranslateError, empty_outputs, load_translator, write_lines_atomic
+    from transformer_mt.decode.translate import TranslateError, empty_outputs, load_translator
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if testset is not None and src is None:
-        check_testset_name(testset)  # before loading any model
+        try:
+            check_testset_name(testset)  # before loading any model
+        except TestsetError as err:
+            raise EvaluateError(str(err)) from None
     try:
         translator = load_translator(
             checkpoints, engine, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
@@ -239,7 +203,7 @@ def evaluate_checkpoint(
     out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     hyps = translator.translate_lines(sources)
-    write_lines_atomic(hyp_path, hyps)
+    atomic_write_lines(hyp_path, hyps)
     empty, warning = empty_outputs(sources, hyps)
     d = translator.cfg.decode
     scores = {
@@ -252,7 +216,7 @@ def evaluate_checkpoint(
         **score_files(hyp_path, ref_path, data.tgt_lang),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip
-    write_lines_atomic(out_dir / "scores.json", [json.dumps(scores, indent=2)])
+    atomic_write_lines(out_dir / "scores.json", [json.dumps(scores, indent=2)])
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
     if warning:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from transformer_mt.checkpoint import Checkpoint, CheckpointError, read_average
 from transformer_mt.config import (
     Config,
     ConfigError,
@@ -35,7 +36,7 @@ from transformer_mt.config import (
 from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
-from transformer_mt.files import atomic_path
+from transformer_mt.files import atomic_write_lines
 from transformer_mt.model.transformer import Transformer
 
 
@@ -56,24 +57,16 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_state(paths: Sequence[Path]) -> dict[str, Any]:
-    """The checkpoint of ``paths``, averaged by `average_states` when there are several (what `tmt average` writes).
+def load_state(paths: Sequence[Path]) -> Checkpoint:
+    """The checkpoint of ``paths``, averaged by `read_average` when there are several (what `tmt average` writes).
 
-    Config and BPE model come from the newest input (highest update).
+    Config and BPE model come from the newest input (highest update); a file
+    without them is refused by `read_checkpoint`, naming the file and the entry.
     """
-    from transformer_mt.train.average import AverageError, average_states
-
     try:
-        state = average_states(paths)
-    except AverageError as err:
+        return read_average(paths)
+    except CheckpointError as err:
         raise TranslateError(str(err)) from None
-    for key, why in (("config", "config"), ("spm_model", "BPE model (spm_model)")):
-        if key not in state:
-            raise TranslateError(
-                f"{', '.join(map(str, paths))}: the checkpoint holds no {why}, so it cannot translate raw text; it "
-                "was not written by `tmt train`: use a checkpoint from `tmt train` or the output of `tmt average`"
-            )
-    return state
 
 
 def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
@@ -149,15 +142,15 @@ class Translator:
         paths = [Path(p) for p in paths]
         if not paths:
             raise TranslateError("no checkpoint given; pass one or more with -c CHECKPOINT")
-        state = load_state(paths)
+        ck = load_state(paths)
         try:
-            cfg = override_config(config_from_dict(state["config"], origin=", ".join(map(str, paths))), overrides)
+            cfg = override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
         except ConfigError as err:
             raise TranslateError(str(err)) from None
-        bpe = load_bpe_bytes(state["spm_model"].numpy().tobytes())
+        bpe = load_bpe_bytes(ck.spm_model)
         cfg = set_decode(cfg, beam, lenpen, nbest, batch_tokens)
         device = torch.device(device or default_device())
-        model = _build_model(cfg, state["model"], bpe, paths[0]).to(device)
+        model = _build_model(cfg, ck.model, bpe, paths[0]).to(device)
         if cfg.decode.quantize == "int8":
             model = _quantize_int8(model)
         return cls(model, bpe, cfg, device)
@@ -354,13 +347,6 @@ def read_input_lines(input: str | Path | None) -> list[str]:
         raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
 
 
-def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
-    """Stream lines into ``path`` through `transformer_mt.files.atomic_path`: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(line + "\n" for line in lines)
-
-
 EMPTY_OUTPUT_LIMIT = 0.05  # warn when more than this fraction of non-empty input lines translate to nothing
 
 
@@ -440,4 +426,4 @@ def translate_file(
             sys.stdout.write(text)
             sys.stdout.flush()
     else:
-        write_lines_atomic(Path(output), out_lines)
+        atomic_write_lines(output, out_lines)

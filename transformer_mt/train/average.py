@@ -11,9 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, read_average, to_state, write_checkpoint
+from transformer_mt.checkpoint import Checkpoint, CheckpointError, read_average, write_checkpoint
 from transformer_mt.config import ConfigError, TrainConfig, load_config
 from transformer_mt.train.checkpoint import list_checkpoints, newest_readable
 
@@ -56,17 +55,6 @@ def default_last(run_dir: str | Path) -> int:
         return load_config(path).train.average_last
     except ConfigError as err:
         raise AverageError(f"{path}: {err}; pass --last K") from None
-
-
-def average_states(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """`read_average` of ``paths`` as the dict stored on disk, AverageError naming a bad input.
-
-    Kept for decode/translate.py until it reads `read_average` itself.
-    """
-    try:
-        return to_state(read_average(paths))
-    except CheckpointError as err:
-        raise AverageError(str(err)) from None
 
 
 def average_checkpoints(paths: Sequence[str | Path], out: str | Path) -> Checkpoint:
