@@ -32,10 +32,11 @@ import sys
 import time
 from pathlib import Path
 
+from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.config import load_config
 from transformer_mt.evaluate import evaluate_checkpoint
 from transformer_mt.train.average import average_checkpoints, last_checkpoints
-from transformer_mt.train.checkpoint import checkpoint_update, list_checkpoints, load_checkpoint
+from transformer_mt.train.checkpoint import checkpoint_update, list_checkpoints
 
 RECIPES = {"tmt": "configs/multi30k.yaml", "fairseq": "configs/multi30k_fairseq.yaml"}
 DATA = "../shared/data/multi30k"
@@ -74,7 +75,7 @@ def checkpoints_to_score(run: Path, recipe: str, minutes: float) -> dict[str, tu
     for update, figure in FAIRSEQ_BY_UPDATE.items():
         if update in ckpts and update != last:
             chosen[f"update {update}"] = (ckpts[update], figure)
-    by_minutes = {u: float(load_checkpoint(p).get("minutes", 0.0)) for u, p in ckpts.items()}
+    by_minutes = {u: read_checkpoint(p).progress.minutes for u, p in ckpts.items()}
     for mark, figure in FAIRSEQ_BY_MINUTE.items():
         before = [u for u, m in by_minutes.items() if m <= mark]
         if mark < minutes and before:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import EOS, load_bpe
@@ -26,7 +27,6 @@ from transformer_mt.decode.translate import (
     read_input_lines,
 )
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.train.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
