@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +51,13 @@ FAIRSEQ_AVERAGE_20_MIN = 30.5
 def tmt(*args: str) -> None:
     """Run one `tmt` command as a user would; stop the race if it fails."""
     subprocess.run([sys.executable, "-m", "transformer_mt", *args], check=True)
+
+
+def sample_load(samples: list[float], stop: threading.Event) -> None:
+    """The machine's 1-minute load average every 30 s: about 2 while the race alone keeps 2 cores busy, more when
+    other work shares them (the race is against the clock, so its figures only hold for an idle machine)."""
+    while not stop.wait(30.0):
+        samples.append(os.getloadavg()[0])
 
 
 def score(checkpoint: Path, out: Path, splits: list[str]) -> dict[str, float]:
@@ -104,8 +113,11 @@ def main() -> None:
     cfg = load_config(config, sets)
 
     tmt("prepare", config, *set_args)
-    start = time.monotonic()
+    start, load, stop = time.monotonic(), [], threading.Event()
+    sampler = threading.Thread(target=sample_load, args=(load, stop), daemon=True)
+    sampler.start()
     tmt("train", config, *set_args)
+    stop.set()
     train_minutes = (time.monotonic() - start) / 60
 
     rows: dict[str, dict[str, float]] = {}
@@ -127,11 +139,14 @@ def main() -> None:
     summary = {
         "recipe": args.recipe, "config": config, "overrides": args.overrides, "seed": args.seed,
         "minutes": args.minutes, "trained_minutes": round(train_minutes, 2), "updates": updates,
-        "tgt_tokens_per_s": round(tok_s), "scores": rows,
+        "tgt_tokens_per_s": round(tok_s), "load_average": round(sum(load) / max(len(load), 1), 2), "scores": rows,
     }  # fmt: skip
     (run / "race.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    print(f"{args.recipe} recipe, seed {args.seed}, {args.minutes:g} min: {updates} updates, {tok_s:,.0f} tgt tok/s")
+    print(
+        f"{args.recipe} recipe, seed {args.seed}, {args.minutes:g} min: {updates} updates, {tok_s:,.0f} tgt tok/s, "
+        f"load average {summary['load_average']} while training"
+    )
     print("| checkpoint | " + " | ".join(f"{s} sacreBLEU (ratio)" for s in args.splits) + " | fairseq test2016 |")
     print("| --- | " + " | ".join("---" for _ in args.splits) + " | --- |")
     for name, scores in rows.items():
