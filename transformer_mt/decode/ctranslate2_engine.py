@@ -62,6 +62,11 @@ def require_ctranslate2() -> ModuleType:
     return ctranslate2
 
 
+def pieces_of(bpe: spm.SentencePieceProcessor) -> list[str]:
+    """The sentencepiece pieces by id: CTranslate2's vocabulary, so that its tokens are the BPE model's."""
+    return [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+
+
 def model_directory(paths: Sequence[str | Path]) -> Path:
     """The one directory of ``-c``, checked to hold what `tmt export ctranslate2` writes."""
     if len(paths) != 1:
@@ -86,7 +91,7 @@ class CTranslate2Search:
         """Load ``directory``; ``decode.quantize: int8`` loads the weights as int8 whatever type was exported."""
         ct2 = require_ctranslate2()
         self.cfg = cfg
-        self.pieces = [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+        self.pieces = pieces_of(bpe)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.engine = ct2.Translator(
             str(directory), device=device.type, device_index=device.index or 0,

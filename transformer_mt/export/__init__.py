@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, CTranslate2Error
+from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, CTranslate2Error, pieces_of
 from transformer_mt.decode.ctranslate2_engine import require_ctranslate2 as _require
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
@@ -69,7 +69,7 @@ def export_ctranslate2(
     except TranslateError as err:
         raise ExportError(str(err)) from None
     with atomic_directory(out) as tmp:
-        converter = TmtConverter(translator.model, translator.bpe)
+        converter = TmtConverter(translator.model, pieces_of(translator.bpe))
         # The directory is ours and empty: CTranslate2 may recreate it (force=True).
         converter.convert(str(tmp), quantization=None if quantization == "float32" else quantization, force=True)
         (tmp / SPM_MODEL).write_bytes(translator.bpe.serialized_model_proto())

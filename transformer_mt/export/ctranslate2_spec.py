@@ -23,7 +23,6 @@ The mapping, module by module:
 from __future__ import annotations
 
 import numpy as np
-import sentencepiece as spm
 from ctranslate2.converters import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 from torch import Tensor, nn
@@ -35,11 +34,15 @@ LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which every tmt Layer
 
 
 class TmtConverter(Converter):
-    """CTranslate2's converter interface around a tmt model in memory: `convert(output_dir, quantization)`."""
+    """CTranslate2's converter interface around a tmt model in memory: `convert(output_dir, quantization)`.
 
-    def __init__(self, model: Transformer, bpe: spm.SentencePieceProcessor) -> None:
+    ``pieces`` are the vocabulary's tokens by id (`ctranslate2_engine.pieces_of`
+    for the model's sentencepiece model); PAD, UNK, BOS and EOS at tmt's ids.
+    """
+
+    def __init__(self, model: Transformer, pieces: list[str]) -> None:
         self.model = model
-        self.pieces = [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+        self.pieces = pieces
 
     def _load(self) -> transformer_spec.TransformerSpec:
         return model_spec(self.model, self.pieces)
