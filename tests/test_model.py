@@ -16,6 +16,7 @@ from transformer_mt.model.attention import (
     SelfAttention,
     additive_mask,
     attention,
+    explicit_attention,
     group_queries,
     ungroup,
 )
@@ -106,6 +107,29 @@ def test_multi_head_attention_equals_the_paper_formula() -> None:
     torch.testing.assert_close(causal, attn(x, tri), atol=1e-6, rtol=1e-6)
 
 
+def test_narrower_keys_than_values_equal_the_formula_with_their_own_d_k() -> None:
+    """Table 3 row (B): W_Q, W_K project to h*d_k, W_V keeps d_v = D/h; scores scale by 1/sqrt(d_k)."""
+    torch.manual_seed(0)
+    D, H, dk = 12, 3, 2
+    attn = SelfAttention(D, H, attention_dropout=0.0, d_k=dk)
+    assert attn.qkv.weight.shape == (2 * H * dk + D, D) and attn.out.weight.shape == (D, D)
+    for p in attn.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(2, 5, D)
+    Wq, Wk, Wv = attn.qkv.weight.split([H * dk, H * dk, D])
+    bq, bk, bv = attn.qkv.bias.split([H * dk, H * dk, D])
+    q, k, v = (x @ W.T + b for W, b in ((Wq, bq), (Wk, bk), (Wv, bv)))
+    heads = []
+    for h in range(H):
+        qh, kh, vh = q[..., h * dk : (h + 1) * dk], k[..., h * dk : (h + 1) * dk], v[..., h * 4 : (h + 1) * 4]
+        heads.append(torch.softmax(qh @ kh.transpose(1, 2) / math.sqrt(dk), dim=-1) @ vh)
+    expected = torch.cat(heads, dim=-1) @ attn.out.weight.T + attn.out.bias
+    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+    cross = CrossAttention(D, H, 0.0, d_k=dk)
+    k, v = cross.project_memory(x)
+    assert k.shape == (2, H, 5, dk) and v.shape == (2, H, 5, D // H)
+
+
 def test_cross_attention_reads_memory_keys_and_values() -> None:
     torch.manual_seed(0)
     cross, self_ = CrossAttention(8, 2, 0.0), SelfAttention(8, 2, 0.0)
@@ -167,6 +191,41 @@ def test_decoding_step_attention_equals_the_fused_kernel(groups: int) -> None:
     torch.testing.assert_close(attention(big, k, v), F.scaled_dot_product_attention(big, k, v), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_explicit_attention_returns_probabilities_and_the_fused_kernels_output(groups: int) -> None:
+    """The opt-in path for drawing attention: the same output as `attention`, and weights that sum to 1 over keys."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2 * groups, 2, 10, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 4)
+    allowed = torch.rand(2, 1, groups * 10, 10) > 0.3
+    allowed[..., 0] = True  # every query sees something
+    for mask in (None, allowed, additive_mask(allowed)):
+        y, weights = explicit_attention(q, k, v, mask, groups=groups)
+        torch.testing.assert_close(y, attention(q, k, v, mask, groups=groups), atol=1e-5, rtol=0)
+        assert weights.shape == (2 * groups, 2, 10, 10)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2 * groups, 2, 10), atol=1e-6, rtol=0)
+        if mask is not None:
+            assert not weights[~ungroup(allowed.expand(2, 2, groups * 10, 10), groups)].any()  # forbidden: exactly 0
+    y, weights = explicit_attention(q[:2], k, v, is_causal=True)
+    torch.testing.assert_close(y, attention(q[:2], k, v, is_causal=True), atol=1e-5, rtol=0)
+    assert not weights.triu(1).any()
+
+
+@pytest.mark.parametrize("changes", [{}, {"d_k": 3}, {"norm": "pre"}], ids=str)
+def test_forward_with_attention_is_the_same_pass_with_its_weights(changes: dict) -> None:
+    model = make_model(**changes)
+    src, tgt = tokens([7, 4], seed=1), tokens([5, 5], seed=2)
+    with torch.no_grad():
+        logits, maps = model.forward_with_attention(src, tgt)
+        torch.testing.assert_close(logits, model(src, tgt), atol=1e-5, rtol=0)
+    assert [w.shape for w in maps.encoder] == [(2, 4, 7, 7)] * 2
+    assert [w.shape for w in maps.decoder] == [(2, 4, 5, 5)] * 2
+    assert [w.shape for w in maps.cross] == [(2, 4, 5, 7)] * 2
+    for w in maps.encoder + maps.decoder + maps.cross:
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+    assert not any(w.triu(1).any() for w in maps.decoder)  # no attention to later target positions
+    assert not any(w[1, ..., 4:].any() for w in maps.encoder + maps.cross)  # nor to sentence 1's source padding
+
+
 def test_cross_attention_shares_one_memory_row_among_its_group() -> None:
     """Beams of a sentence attend to its memory held once: the same result as a copy of it per beam."""
     torch.manual_seed(0)
@@ -221,7 +280,7 @@ def test_target_padding_does_not_change_real_outputs() -> None:
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, {"norm": "pre"}, {"positions": "learned"}, {"share_embeddings": False}], ids=str
+    "changes", [{}, {"norm": "pre"}, {"positions": "learned"}, {"share_embeddings": False}, {"d_k": 3}], ids=str
 )
 def test_cached_decoding_equals_full_forward(changes: dict) -> None:
     model = make_model(**changes)
@@ -302,6 +361,14 @@ def test_beam_reorder_within_sentences_equals_full_forward_of_each_history() -> 
     """Beams share their sentence's state; each row attends to exactly its own history after reorders."""
     model = make_model()
     reorders = [(2, torch.tensor([2, 2, 0, 4, 3, 3]), None), (3, torch.tensor([1, 0, 0, 5, 5, 4]), None)]
+    got, expected = beam_rows_decoding(model, 3, reorders)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_beam_reorder_with_narrower_keys_equals_full_forward_of_each_history() -> None:
+    """The cache holds keys d_k wide and values d_v wide in buffers of their own."""
+    model = make_model(d_k=3)
+    reorders = [(2, torch.tensor([2, 2, 0, 4, 3, 3]), None), (4, torch.tensor([4, 4, 3]), torch.tensor([1]))]
     got, expected = beam_rows_decoding(model, 3, reorders)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
@@ -456,6 +523,8 @@ def test_parameter_count_of_variants() -> None:
     assert count_parameters(make_model(norm="pre")) == base + 2 * 2 * 32  # final encoder and decoder LayerNorm
     assert count_parameters(make_model(positions="learned")) == base + 64 * 32
     assert count_parameters(make_model(share_embeddings=False)) == base + V * 32  # separate source embedding
+    # d_k 4 instead of 32/4 = 8: W_Q and W_K of each of the 6 attentions lose 4 heads x 4 rows (and biases)
+    assert count_parameters(make_model(d_k=4)) == base - 6 * 2 * (16 * 32 + 16)
 
 
 def test_shared_embeddings_are_one_tensor() -> None:
@@ -558,12 +627,14 @@ def test_heads_must_divide_d_model(tmp_path) -> None:
         Transformer(dataclasses.replace(TINY, heads=5), V)
 
 
-def test_flops_per_token_counts_six_per_matmul_weight_plus_attention() -> None:
-    cfg = dataclasses.replace(TINY, encoder_layers=2, decoder_layers=3)
-    model = make_model(encoder_layers=2, decoder_layers=3)
+@pytest.mark.parametrize("d_k", [0, 4])
+def test_flops_per_token_counts_six_per_matmul_weight_plus_attention(d_k: int) -> None:
+    cfg = dataclasses.replace(TINY, encoder_layers=2, decoder_layers=3, d_k=d_k)
+    model = make_model(encoder_layers=2, decoder_layers=3, d_k=d_k)
     matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    L, D = 20, cfg.d_model
-    attention = 3 * (2 * 4 * L * D + 3 * (4 * L * D + 4 * L * D))  # per layer: Q K^T and A V over L keys
+    L, D, K = 20, cfg.d_model, cfg.heads * (d_k or cfg.d_model // cfg.heads)
+    qk_av = 2 * L * K + 2 * L * D  # per attention and query: Q K^T (K wide) and A V (D wide) over L keys
+    attention = 3 * (2 * qk_av + 3 * 2 * qk_av)  # 2 encoder layers, 3 decoder layers of 2 attentions
     expected = 6 * (matmul_weights + V * D) + attention  # + the tied output projection
     assert flops_per_token(cfg, V, L, L) == pytest.approx(expected)
     # Twice the source length doubles the encoder's and cross-attention K/V's share per target token.

@@ -69,6 +69,7 @@ class ModelConfig:
     d_model: int = 512
     d_ff: int = 2048
     heads: int = 8
+    d_k: int = 0  # query/key width per head; 0: d_model/heads (the paper's). Table 3 row B sets it alone
     encoder_layers: int = 6
     decoder_layers: int = 6
     dropout: float = 0.1  # the paper's P_drop: residual and embedding dropout
@@ -303,6 +304,8 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if m.d_k < 0:
+        raise ConfigError(f"model.d_k must be 0 (d_model/heads = {m.d_model // m.heads}) or a width, got {m.d_k}")
     for key, p in {
         "model.dropout": m.dropout,
         "model.attention_dropout": m.attention_dropout,

@@ -6,8 +6,18 @@ one (3D, D) matrix and cross-attention stores W_K, W_V as one (2D, D) matrix so
 each needs a single matmul. Heads live on dim 1, as
 `torch.nn.functional.scaled_dot_product_attention` expects: (B, H, T, D/H).
 
+Queries and keys are d_k wide per head and values d_v = d_model/h; the paper
+sets d_k = d_v, and Table 3 row (B) shrinks d_k alone (``model.d_k``), so W_Q
+and W_K become (h*d_k, D) while W_V and W_O keep their shapes. The fused
+kernel takes keys narrower than values and scales by 1/sqrt(d_k).
+
 Masks follow that function: a boolean mask is True where a query MAY attend;
 a float mask is added to the scores (0 where allowed, -inf elsewhere).
+
+The fused kernel never forms the attention weights. To draw them (the
+paper's Figures 3-5), pass a list as ``weights``: the modules then take the
+explicit path, softmax(Q K^T / sqrt(d_k)) V, and append the weights to it
+(`explicit_attention`); training and decoding pass nothing and stay fused.
 
 In beam search the k hypotheses of a sentence sit in k consecutive rows and
 share that sentence's encoder output. `group_queries` puts their queries side
@@ -27,6 +37,17 @@ def split_heads(x: Tensor, parts: int, heads: int) -> tuple[Tensor, ...]:
     B, T, _ = x.shape
     x = x.view(B, T, parts, heads, -1)  # (B, T, parts, H, Dh)
     return tuple(x.permute(2, 0, 3, 1, 4).unbind(0))  # parts x (B, H, T, Dh)
+
+
+def split_parts(x: Tensor, heads: int, widths: tuple[int, ...]) -> tuple[Tensor, ...]:
+    """(B, T, H*sum(widths)) -> one (B, H, T, w) view per width w of a stacked projection, without copying.
+
+    Equal widths (the paper's d_k = d_v) take `split_heads`' single view; otherwise each part is sliced first.
+    """
+    if len(set(widths)) == 1:
+        return split_heads(x, len(widths), heads)
+    parts = x.split([heads * w for w in widths], dim=-1)
+    return tuple(view for part in parts for view in split_heads(part, 1, heads))
 
 
 def group_queries(q: Tensor, groups: int) -> Tensor:
@@ -71,12 +92,36 @@ def attention(
 
 
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    return torch.matmul(torch.softmax(_scores(q, k, mask), dim=-1), v)  # (B, H, T, Dv)
+
+
+def _scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool = False) -> Tensor:
+    """Q K^T / sqrt(d_k) with the mask applied: (B, H, T, S), -inf where a query may not attend."""
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, H, T, S)
+    if is_causal:  # as scaled_dot_product_attention: query i sees keys 0..i
+        T, S = scores.shape[-2:]
+        scores.masked_fill_(~torch.ones(T, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     if mask is not None and mask.dtype == torch.bool:
         scores.masked_fill_(~mask, float("-inf"))
     elif mask is not None:
         scores.add_(mask)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, T, Dh)
+    return scores
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False, dropout: float = 0.0,
+    groups: int = 1,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`attention`'s output and the attention weights it never forms: ((B*G, H, T, Dv), (B*G, H, T, S)).
+
+    The weights are probabilities over keys (each row sums to 1; exactly 0
+    where the mask forbids), before attention dropout. Slower and heavier
+    than the fused kernel: for inspecting a model, not for training it.
+    """
+    q = group_queries(q, groups)
+    weights = torch.softmax(_scores(q, k, mask, is_causal), dim=-1)  # (B, H, G*T, S)
+    dropped = F.dropout(weights, dropout) if dropout > 0.0 else weights
+    return ungroup(torch.matmul(dropped, v), groups), ungroup(weights, groups)
 
 
 def additive_mask(mask: Tensor | None) -> Tensor | None:
@@ -98,58 +143,83 @@ def merge_heads(x: Tensor) -> Tensor:
 class SelfAttention(nn.Module):
     """Queries, keys and values all come from the same sequence."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float) -> None:
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, d_k: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.attention_dropout = attention_dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V stacked
+        self.d_k, self.d_v = head_dims(d_model, heads, d_k)
+        self.qkv = nn.Linear(d_model, heads * (2 * self.d_k + self.d_v))  # W_Q, W_K, W_V stacked
         self.out = nn.Linear(d_model, d_model)  # W_O
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head queries, keys and values of x (B, T, D): three (B, H, T, Dh) views."""
-        q, k, v = split_heads(self.qkv(x), 3, self.heads)
+        """Per-head queries, keys and values of x (B, T, D): (B, H, T, d_k) x2 and (B, H, T, d_v) views."""
+        q, k, v = split_parts(self.qkv(x), self.heads, (self.d_k, self.d_k, self.d_v))
         return q, k, v
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False, groups: int = 1
-    ) -> Tensor:
-        """softmax(Q K^T / sqrt(d_k)) V for all heads, then W_O: (B, H, T, Dh) x3 -> (B, T, D).
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False, groups: int = 1,
+        weights: list[Tensor] | None = None,
+    ) -> Tensor:  # fmt: skip
+        """softmax(Q K^T / sqrt(d_k)) V for all heads, then W_O: (B, H, T, d_k|d_v) x3 -> (B, T, D).
 
         With ``groups`` G > 1, q holds B*G rows and k, v hold B rows: each
         group of G consecutive query rows attends to one row of keys/values.
+        With a ``weights`` list, the explicit path appends the weights (B*G, H, T, S).
         """
         p = self.attention_dropout if self.training else 0.0
-        return self.out(merge_heads(attention(q, k, v, mask, is_causal, p, groups)))  # (B*G, T, D)
+        if weights is None:
+            y = attention(q, k, v, mask, is_causal, p, groups)
+        else:
+            y, probs = explicit_attention(q, k, v, mask, is_causal, p, groups)
+            weights.append(probs)
+        return self.out(merge_heads(y))  # (B*G, T, D)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False, weights: list[Tensor] | None = None
+    ) -> Tensor:
         """Attention of x (B, T, D) over itself; mask broadcasts to (B, H, T, T)."""
         q, k, v = self.project(x)
-        return self.attend(q, k, v, mask, is_causal)
+        return self.attend(q, k, v, mask, is_causal, weights=weights)
 
 
 class CrossAttention(nn.Module):
     """Decoder queries attend over the encoder output ("memory")."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float) -> None:
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, d_k: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.attention_dropout = attention_dropout
-        self.q = nn.Linear(d_model, d_model)  # W_Q
-        self.kv = nn.Linear(d_model, 2 * d_model)  # W_K, W_V stacked
+        self.d_k, self.d_v = head_dims(d_model, heads, d_k)
+        self.q = nn.Linear(d_model, heads * self.d_k)  # W_Q
+        self.kv = nn.Linear(d_model, heads * (self.d_k + self.d_v))  # W_K, W_V stacked
         self.out = nn.Linear(d_model, d_model)  # W_O
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-head keys and values of the encoder output (B, S, D): two (B, H, S, Dh) views."""
-        k, v = split_heads(self.kv(memory), 2, self.heads)
+        """Per-head keys and values of the encoder output (B, S, D): (B, H, S, d_k) and (B, H, S, d_v) views."""
+        k, v = split_parts(self.kv(memory), self.heads, (self.d_k, self.d_v))
         return k, v
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Attention of x (B*G, T, D) over memory keys/values (B, H, S, Dh); mask broadcasts to (B, H, G*T, S).
+    def forward(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, weights: list[Tensor] | None = None
+    ) -> Tensor:
+        """Attention of x (B*G, T, D) over memory keys/values (B, H, S, d_k|d_v); mask broadcasts to (B, H, G*T, S).
 
         G = x rows per memory row: 1 in training, the beam size in beam search,
         whose k beams of a sentence read its memory once instead of k copies.
+        With a ``weights`` list, the explicit path appends the weights (B*G, H, T, S).
         """
         groups = x.shape[0] // k.shape[0]
-        (q,) = split_heads(self.q(x), 1, self.heads)  # (B*G, H, T, Dh)
+        (q,) = split_heads(self.q(x), 1, self.heads)  # (B*G, H, T, d_k)
         p = self.attention_dropout if self.training else 0.0
-        return self.out(merge_heads(attention(q, k, v, mask, dropout=p, groups=groups)))  # (B*G, T, D)
+        if weights is None:
+            y = attention(q, k, v, mask, dropout=p, groups=groups)
+        else:
+            y, probs = explicit_attention(q, k, v, mask, dropout=p, groups=groups)
+            weights.append(probs)
+        return self.out(merge_heads(y))  # (B*G, T, D)
+
+
+def head_dims(d_model: int, heads: int, d_k: int = 0) -> tuple[int, int]:
+    """(d_k, d_v) per head: d_v = d_model / h, as W_O maps h*d_v back to d_model; d_k = d_v unless given (row B)."""
+    d_v = d_model // heads
+    return (d_k or d_v), d_v

@@ -11,21 +11,22 @@ The decoding API (`encode`, `init_cache`, `decode` with a `DecoderCache`) lets
 beam search run one new position per step: cross-attention keys/values are
 computed and held once per sentence, self-attention keys/values are written
 once per step and never copied when beams are reordered
-(`transformer_mt.model.cache`).
+(`transformer_mt.model.cache`). `forward_with_attention` is the one pass that
+also returns every attention weight (`AttentionMaps`), for drawing them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.attention import CrossAttention, SelfAttention, additive_mask
+from transformer_mt.model.attention import CrossAttention, SelfAttention, additive_mask, head_dims
 from transformer_mt.model.cache import MIN_CAPACITY, DecoderCache, LayerCache, Step
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 
@@ -40,6 +41,18 @@ class EncoderOut:
     def reorder(self, index: Tensor) -> EncoderOut:
         """A new EncoderOut with rows `index` (LongTensor): drop finished sentences, or repeat rows for beams."""
         return EncoderOut(self.memory.index_select(0, index), self.src_pad_mask.index_select(0, index))
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one forward pass, one (B, H, queries, keys) tensor per layer, bottom layer first.
+
+    Probabilities over keys (rows sum to 1), as the paper's Figures 3-5 draw them.
+    """
+
+    encoder: list[Tensor] = field(default_factory=list)  # (B, H, S, S) encoder self-attention
+    decoder: list[Tensor] = field(default_factory=list)  # (B, H, T, T) masked decoder self-attention
+    cross: list[Tensor] = field(default_factory=list)  # (B, H, T, S) decoder queries over the encoder output
 
 
 def residual(
@@ -70,15 +83,19 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.d_k)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, S, D); mask (B, 1, 1, S) True at real keys, or None when nothing is padded."""
-        x = residual(x, self.norm1, lambda h: self.self_attn(h, mask), self.drop, self.pre)
+    def forward(self, x: Tensor, mask: Tensor | None, maps: AttentionMaps | None = None) -> Tensor:
+        """x (B, S, D); mask (B, 1, 1, S) True at real keys, or None when nothing is padded.
+
+        With ``maps``, the attention weights are computed explicitly and appended to ``maps.encoder``.
+        """
+        weights = None if maps is None else maps.encoder
+        x = residual(x, self.norm1, lambda h: self.self_attn(h, mask, weights=weights), self.drop, self.pre)
         return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D)
 
 
@@ -88,8 +105,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.d_k)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.d_k)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
@@ -104,24 +121,31 @@ class DecoderLayer(nn.Module):
         cross_mask: Tensor | None,
         cache: LayerCache | None = None,
         step: Step | None = None,
+        maps: AttentionMaps | None = None,
     ) -> Tensor:
-        """x (B*G, T, D) new target positions; cross_k/v (B, H, S, Dh); cross_mask (B, 1, 1, S) or None.
+        """x (B*G, T, D) new target positions; cross_k/v (B, H, S, d_k|d_v); cross_mask (B, 1, 1, S) or None.
 
         G = x rows per cross-attention row (the beams of a sentence; 1 without
-        a cache). With a cache, `step` says where the new positions go.
+        a cache). With a cache, `step` says where the new positions go. With
+        ``maps``, both attentions' weights are computed explicitly and appended.
         """
-        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step), self.drop, self.pre)
-        x = residual(x, self.norm2, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask), self.drop, self.pre)
+        mine, cross = (None, None) if maps is None else (maps.decoder, maps.cross)
+        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step, mine), self.drop, self.pre)
+        x = residual(
+            x, self.norm2, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask, cross), self.drop, self.pre
+        )
         return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D)
 
-    def _self_attend(self, h: Tensor, cache: LayerCache | None, step: Step | None) -> Tensor:
+    def _self_attend(
+        self, h: Tensor, cache: LayerCache | None, step: Step | None, weights: list[Tensor] | None
+    ) -> Tensor:
         """Causal self-attention; with a cache, h holds only new positions and their K/V are added to it."""
-        q, k, v = self.self_attn.project(h)  # (B, H, T, Dh) each
+        q, k, v = self.self_attn.project(h)  # (B, H, T, d_k|d_v) each
         if cache is None or step is None:
             # Right padding: a real query only ever sees earlier, real keys, so the causal mask suffices.
-            return self.self_attn.attend(q, k, v, is_causal=True)
-        keys, values = cache.append(k, v, step)  # (n, H, (past+T)*k, Dh), n = B / k sentences
-        return self.self_attn.attend(q, keys, values, mask=step.mask, groups=step.beams)
+            return self.self_attn.attend(q, k, v, is_causal=True, weights=weights)
+        keys, values = cache.append(k, v, step)  # (n, H, (past+T)*k, d_k|d_v), n = B / k sentences
+        return self.self_attn.attend(q, keys, values, mask=step.mask, groups=step.beams, weights=weights)
 
 
 def key_mask(pad_mask: Tensor) -> Tensor:
@@ -179,11 +203,12 @@ class Transformer(nn.Module):
         qkv_gain = 2**-0.5 if fairseq else 1.0
         for m in self.modules():
             if isinstance(m, SelfAttention):
-                init_linear(m.qkv, parts=3, gain=qkv_gain, zero_bias=not fairseq)
+                qk, v = m.heads * m.d_k, m.heads * m.d_v
+                init_linear(m.qkv, blocks=(qk, qk, v), gain=qkv_gain, zero_bias=not fairseq)
                 init_linear(m.out)
             elif isinstance(m, CrossAttention):
                 init_linear(m.q, gain=qkv_gain, zero_bias=not fairseq)
-                init_linear(m.kv, parts=2, gain=qkv_gain, zero_bias=not fairseq)
+                init_linear(m.kv, blocks=(m.heads * m.d_k, m.heads * m.d_v), gain=qkv_gain, zero_bias=not fairseq)
                 init_linear(m.out)
             elif isinstance(m, FeedForward):
                 for fc in (m.fc1, m.fc2):
@@ -201,13 +226,16 @@ class Transformer(nn.Module):
         x = table(tokens) * self.embed_scale  # (B, T, D)
         return self.drop(x + self.positions(tokens.shape[1], offset))
 
-    def encode(self, src: Tensor) -> EncoderOut:
-        """src (B, S) token ids, right-padded -> EncoderOut(memory (B, S, D), src_pad_mask (B, S))."""
+    def encode(self, src: Tensor, maps: AttentionMaps | None = None) -> EncoderOut:
+        """src (B, S) token ids, right-padded -> EncoderOut(memory (B, S, D), src_pad_mask (B, S)).
+
+        With ``maps``, each layer's attention weights are appended to ``maps.encoder`` (see `forward_with_attention`).
+        """
         src_pad_mask = src.eq(self.pad_id)  # (B, S)
         x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0)
         mask = padding_mask_or_none(src_pad_mask)
         for layer in self.encoder:
-            x = layer(x, mask)
+            x = layer(x, mask, maps)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return EncoderOut(x, src_pad_mask)
@@ -228,13 +256,16 @@ class Transformer(nn.Module):
         cross_mask = additive_mask(padding_mask_or_none(enc.src_pad_mask))  # built once for every step and layer
         return DecoderCache(layers, cross_mask, beams, ancestry, capacity)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
+    def decode(
+        self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None, maps: AttentionMaps | None = None
+    ) -> Tensor:
         """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
 
         Without a cache, tgt_in is the whole shifted-right target (teacher
         forcing). With one, tgt_in holds only the new positions (usually one),
         their self-attention keys/values are appended to the cache, and the
-        cross-attention state is read from the cache, not from `enc`.
+        cross-attention state is read from the cache, not from `enc`. With
+        ``maps``, the attention weights are appended to ``maps.decoder`` and ``maps.cross``.
         """
         offset = 0 if cache is None else cache.length
         if cache is not None and cache.rows != tgt_in.shape[0]:
@@ -247,11 +278,11 @@ class Transformer(nn.Module):
             cross_mask = padding_mask_or_none(enc.src_pad_mask)
             for layer in self.decoder:
                 k, v = layer.cross_attn.project_memory(enc.memory)
-                x = layer(x, k, v, cross_mask, None)
+                x = layer(x, k, v, cross_mask, None, maps=maps)
         else:
             step = cache.step(tgt_in.shape[1])
             for layer, lc in zip(self.decoder, cache.layers, strict=True):
-                x = layer(x, lc.cross_k, lc.cross_v, cache.cross_mask, lc, step)
+                x = layer(x, lc.cross_k, lc.cross_v, cache.cross_mask, lc, step, maps)
             cache.advance(tgt_in.shape[1])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
@@ -263,14 +294,23 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V) for src (B, S) and tgt_in (B, T)."""
         return self.decode(tgt_in, self.encode(src))
 
+    def forward_with_attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
+        """`forward`'s logits and every layer's attention weights, computed explicitly (for drawing them).
 
-def init_linear(linear: nn.Linear, parts: int = 1, gain: float = 1.0, zero_bias: bool = True) -> None:
-    """Xavier-uniform each of `parts` stacked (out/parts, in) matrices, as if they were separate.
+        The same model and the same outputs as `forward` (to float rounding),
+        through softmax(Q K^T / sqrt(d_k)) V instead of the fused kernel.
+        """
+        maps = AttentionMaps()
+        return self.decode(tgt_in, self.encode(src, maps), maps=maps), maps
+
+
+def init_linear(linear: nn.Linear, blocks: tuple[int, ...] = (), gain: float = 1.0, zero_bias: bool = True) -> None:
+    """Xavier-uniform each stacked matrix of ``blocks`` output rows (default: one), as if they were separate.
 
     The bias is zeroed, or with ``zero_bias=False`` drawn as PyTorch's default
     Linear bias of each part, U(-1/sqrt(in), 1/sqrt(in)).
     """
-    for block in linear.weight.data.chunk(parts, dim=0):
+    for block in linear.weight.data.split(list(blocks) or [linear.out_features], dim=0):
         nn.init.xavier_uniform_(block, gain=gain)
     if zero_bias:
         nn.init.zeros_(linear.bias)
@@ -289,24 +329,26 @@ def flops_per_token(cfg: ModelConfig, vocab_size: int, src_len: float, tgt_len: 
 
     Multiply-adds count 2 FLOPs; backward costs twice the forward, so training is
     3x forward = 6 FLOPs per matmul parameter per token it touches. With
-    D = d_model, F = d_ff, S = src_len, T = tgt_len, V = vocab_size, forward:
+    D = d_model, F = d_ff, S = src_len, T = tgt_len, V = vocab_size and
+    K = h * d_k (= D unless model.d_k is set), forward:
 
-      encoder, per source token:   N_enc * (2 * (4 D^2 + 2 D F) + 4 S D)
-      cross K/V, per source token: N_dec * 2 * 2 D^2
-      decoder, per target token:   N_dec * (2 * (4 D^2 + 2 D^2 + 2 D F) + 4 T D + 4 S D) + 2 D V
+      encoder, per source token:   N_enc * (2 * (2 D K + 2 D^2 + 2 D F) + 2 S (K + D))
+      cross K/V, per source token: N_dec * 2 * (D K + D^2)
+      decoder, per target token:   N_dec * (2 * (2 D K + 2 D^2 + D K + D^2 + 2 D F) + 2 (T + S) (K + D)) + 2 D V
 
-    (4 D^2: W_Q, W_K, W_V, W_O of self-attention; 2 D^2: W_Q, W_O of
-    cross-attention; 2 D F: the FFN; 2 D V: the tied output projection.)
+    (2 D K + 2 D^2: W_Q, W_K, W_V, W_O of self-attention; D K + D^2: W_Q,
+    W_O of cross-attention; 2 D F: the FFN; 2 D V: the tied output projection.)
 
-    The 4 S D / 4 T D terms are Q K^T and attention x V over all keys (the
-    causal half is not subtracted, as most MFU reports do). Source work is
-    spread over target tokens by S / T. Embedding lookups, LayerNorm, softmax
-    and biases are not counted.
+    The 2 S (K + D) / 2 T (K + D) terms are Q K^T and attention x V over all
+    keys (the causal half is not subtracted, as most MFU reports do). Source
+    work is spread over target tokens by S / T. Embedding lookups, LayerNorm,
+    softmax and biases are not counted.
     """
     D, Fd = cfg.d_model, cfg.d_ff
-    encoder = cfg.encoder_layers * (2 * (4 * D * D + 2 * D * Fd) + 4 * src_len * D)
-    cross_kv = cfg.decoder_layers * 2 * 2 * D * D
-    decoder = cfg.decoder_layers * (2 * (6 * D * D + 2 * D * Fd) + 4 * tgt_len * D + 4 * src_len * D)
+    K = cfg.heads * head_dims(D, cfg.heads, cfg.d_k)[0]
+    encoder = cfg.encoder_layers * (2 * (2 * D * K + 2 * D * D + 2 * D * Fd) + 2 * src_len * (K + D))
+    cross_kv = cfg.decoder_layers * 2 * (D * K + D * D)
+    decoder = cfg.decoder_layers * (2 * (3 * D * K + 3 * D * D + 2 * D * Fd) + 2 * (tgt_len + src_len) * (K + D))
     output = 2 * D * vocab_size
     forward = (encoder + cross_kv) * src_len / tgt_len + decoder + output
     return 3.0 * forward
