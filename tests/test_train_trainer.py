@@ -18,6 +18,7 @@ from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
 from transformer_mt.decode.translate import Translator
 from transformer_mt.evaluate import corpus_sacrebleu
+from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints
 from transformer_mt.train.distributed import DistEnv, setup
@@ -100,8 +101,13 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
     for i, state in a["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][i]["exp_avg_sq"])
     assert torch.equal(a["rng"]["torch_cpu"][0], b["rng"]["torch_cpu"][0])
-    # the metrics of the replayed updates are not duplicated
-    assert [m["update"] for m in _metrics(interrupted)] == [m["update"] for m in _metrics(straight)]
+
+    # the metrics of the replayed updates are not duplicated; each process adds its start record
+    def trajectory(run):
+        return [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] in ("train", "valid")]
+
+    assert trajectory(interrupted) == trajectory(straight)
+    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, 8]
 
 
 def test_already_finished_run_does_nothing(prepared_toy, tmp_path, capsys):
@@ -262,10 +268,33 @@ def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(pre
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in stale) + '{"kind": "tr')
     train_model(_cfg(prepared_toy, run, max_updates=2, log_every=1, validate_every=100))
     records = [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] != "warning"]  # 2 updates: warnings
-    assert records == [("train", 1), ("train", 2), ("valid", 2)]
+    assert records == [("start", 0), ("train", 1), ("train", 2), ("valid", 2), ("end", 2)]
     err = capsys.readouterr().err
     assert "train update 1/2 epoch 1: loss " in err and "train update 2/2 epoch 1: loss " in err
     assert "\r" not in err  # no progress bar
+
+
+def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tmp_path):
+    """What `tmt report` reads: model size, FLOPs per target token, device; where and when the run stopped."""
+    run = tmp_path / "run"
+    cfg = _cfg(prepared_toy, run, max_updates=3, log_every=1, validate_every=2)
+    train_model(cfg)
+    train_model(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_updates=4)))  # resumed
+    records = _metrics(run)
+    start = records[0]
+    ds = ParallelDataset(prepared_toy.data.dir, "train", "en", "de")
+    vocab = start["vocab_size"]
+    assert start["parameters"] == count_parameters(Transformer(cfg.model, vocab))
+    assert start["flops_per_token"] == pytest.approx(
+        flops_per_token(cfg.model, vocab, float(ds.src_lens.mean()), float(ds.tgt_lens.mean()))
+    )
+    assert start["device"].startswith("CPU") and (start["world_size"], start["precision"]) == (1, "fp32")
+    ends = [m for m in records if m["kind"] == "end"]
+    assert [(m["update"], m["stop_reason"]) for m in ends] == [(3, "max_updates=3"), (4, "max_updates=4")]
+    assert [m["update"] for m in records if m["kind"] == "start"] == [0, 3]
+    minutes = [m["minutes"] for m in records if "minutes" in m]
+    assert minutes == sorted(minutes) and ends[-1]["minutes"] == minutes[-1] > 0  # one clock, across the resume
+    assert all("minutes" in m for m in records if m["kind"] == "valid")
 
 
 def test_progress_bar_on_a_terminal_and_no_log_lines(prepared_toy, tmp_path, capsys, monkeypatch):

@@ -5,12 +5,19 @@
 TensorBoard event files. Metric lines always describe the trajectory that the
 newest checkpoint continues: lines past the checkpoint resumed from are
 dropped, and a run that starts from scratch starts an empty file.
+
+Each line has a ``kind``: ``start`` (each time a process starts or resumes
+the run: parameters, FLOPs per target token, device; `start_record`),
+``train`` (every train.log_every updates), ``valid``, ``warning`` and ``end``
+(where and why the run stopped, its wall-clock minutes). `tmt report` and
+`tmt plot` read nothing else.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +29,7 @@ from tqdm import tqdm
 
 from transformer_mt.config import Config, save_config
 from transformer_mt.files import atomic_write_text
+from transformer_mt.model.transformer import flops_per_token
 from transformer_mt.train.distributed import DistEnv, all_gather_object
 
 # ---------------------------------------------------------------- RNG
@@ -114,6 +122,39 @@ def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 def write_config(cfg: Config, save_dir: Path) -> None:
     """``save_dir/config.yaml``, written whole or not at all (`save_config` writes atomically)."""
     save_config(cfg, save_dir / "config.yaml")
+
+
+def start_record(
+    cfg: Config, env: DistEnv, update: int, parameters: int, vocab_size: int, lengths: tuple[float, float],
+    precision: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``start`` line of metrics.jsonl: what a run's training cost and hardware are computed from.
+
+    ``lengths`` are the training data's mean source and target lengths in
+    tokens (EOS included), which set the attention share of
+    `flops_per_token`: training FLOPs = updates x target tokens per update x
+    ``flops_per_token``, the figure `tmt report` sets beside the paper's.
+    """
+    src_len, tgt_len = lengths
+    return {
+        "kind": "start",
+        "update": update,
+        "parameters": parameters,
+        "vocab_size": vocab_size,
+        "flops_per_token": flops_per_token(cfg.model, vocab_size, src_len, tgt_len),
+        "mean_src_tokens": src_len,
+        "mean_tgt_tokens": tgt_len,
+        "device": device_name(env.device),
+        "world_size": env.world_size,
+        "precision": precision,
+    }
+
+
+def device_name(device: torch.device) -> str:
+    """What the run trains on, as a reader of its report would name it: the GPU's model, or the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 @dataclass

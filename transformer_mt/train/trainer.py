@@ -36,7 +36,14 @@ from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.loss import perplexity
-from transformer_mt.train.run_files import RunFiles, batching_changes, restore_rng, rng_state, write_config
+from transformer_mt.train.run_files import (
+    RunFiles,
+    batching_changes,
+    restore_rng,
+    rng_state,
+    start_record,
+    write_config,
+)
 from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule, horizon_progress
 from transformer_mt.train.step import TrainError, UpdateStats, accumulate_gradients, apply_gradients
@@ -216,6 +223,12 @@ class Trainer:
             file=sys.stderr,
         )
         write_config(self.cfg, self.save_dir)
+        assert self.files is not None
+        ds = self.data.train
+        self.files.log(start_record(
+            self.cfg, env, self.progress.update, count_parameters(self.stepper.module), self.data.vocab_size,
+            (float(ds.src_lens.mean()), float(ds.tgt_lens.mean())), self.stepper.precision,
+        ))  # fmt: skip
 
     # -- checkpoints
 
@@ -281,7 +294,7 @@ class Trainer:
         assert self.files is not None
         p, tc = self.progress, self.cfg.train
         record = {"kind": "valid", "update": p.update, "epoch": p.epoch, "loss": loss, "nll": nll}
-        record.update(ppl=perplexity(nll), best_loss=p.best_valid_loss)
+        record.update(ppl=perplexity(nll), best_loss=p.best_valid_loss, minutes=self._minutes())
         line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
         if bleu is not None:
             record.update(bleu, best_bleu=p.best_valid_bleu)
@@ -573,6 +586,15 @@ class Trainer:
             )
             for reason, message in warnings:
                 self._warn(reason, message)
+            self.files.log(
+                {
+                    "kind": "end",
+                    "update": p.update,
+                    "epoch": p.epoch,
+                    "minutes": self._minutes(),
+                    "stop_reason": self.stop_reason,
+                }
+            )
             self.files.close()
         return TrainResult(
             p.update, p.epoch, p.valid_loss, nll, p.best_valid_loss, self.save_dir, self.stop_reason,
