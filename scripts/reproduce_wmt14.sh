@@ -43,6 +43,8 @@ SIZE=$2
 NGPUS=${3:-1}
 PYTHON=${PYTHON:-python}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/common.sh
+. "$ROOT/scripts/common.sh"
 
 case "$PAIR/$SIZE" in
     en-de/base) CONFIG=$ROOT/configs/base.yaml; PAPER_BLEU=27.3 ;;
@@ -54,27 +56,9 @@ case "$PAIR/$SIZE" in
         exit 2
         ;;
 esac
-if ! [[ "$NGPUS" =~ ^[1-9][0-9]*$ ]]; then
-    echo "error: NGPUS must be a positive integer, got '$NGPUS'" >&2
-    exit 2
-fi
-if ! command -v tmt >/dev/null; then
-    echo "error: 'tmt' is not on PATH; install the package (pip install -e .) or activate its environment" >&2
-    exit 2
-fi
-
-# The paper's update: 8 batches of 3125 tokens on 1 GPU = 1 batch on each of 8 GPUs.
-if ((8 % NGPUS == 0)); then
-    UPDATE_FREQ=$((8 / NGPUS))
-else
-    UPDATE_FREQ=$(((8 + NGPUS / 2) / NGPUS))
-    ((UPDATE_FREQ >= 1)) || UPDATE_FREQ=1
-    echo "warning: 8 is not a multiple of $NGPUS GPUs: $((3125 * UPDATE_FREQ * NGPUS)) tokens per update instead of 25000" >&2
-fi
-
-read -r -a download_args <<<"${DOWNLOAD_ARGS:-}"
-read -r -a prepare_args <<<"${PREPARE_ARGS:-}"
-read -r -a train_args <<<"${TRAIN_ARGS:-}"
+check_gpus "$NGPUS"
+set_update_freq "$NGPUS"
+read_stage_args
 
 # Where the config puts things (one source of truth: the YAML file).
 read -r DATA_DIR RUN_DIR AVERAGE_LAST < <("$PYTHON" -c '
@@ -84,8 +68,6 @@ cfg = load_config(sys.argv[1])
 print(os.path.dirname(cfg.data.train), cfg.train.save_dir, cfg.train.average_last)
 ' "$CONFIG")
 
-stage() { printf '\n=== %s ===\n' "$*" >&2; }
-
 stage "1/5 download WMT14 $PAIR -> $DATA_DIR"
 tmt download wmt14 --pair "$PAIR" --out "$DATA_DIR" "${download_args[@]}"
 
@@ -93,11 +75,7 @@ stage "2/5 prepare (clean, joint BPE, binarize) -> $CONFIG"
 tmt prepare "$CONFIG" "${prepare_args[@]}"
 
 stage "3/5 train on $NGPUS GPU(s), update_freq $UPDATE_FREQ -> $RUN_DIR (resumes if interrupted)"
-if ((NGPUS > 1)); then
-    tmt train "$CONFIG" --nproc-per-node "$NGPUS" --set "train.update_freq=$UPDATE_FREQ" "${train_args[@]}"
-else
-    tmt train "$CONFIG" --set "train.update_freq=$UPDATE_FREQ" "${train_args[@]}"
-fi
+train_on_gpus "$CONFIG" "$NGPUS"
 
 stage "4/5 average the last $AVERAGE_LAST checkpoints -> $RUN_DIR/average.pt"
 tmt average "$RUN_DIR" --last "$AVERAGE_LAST" -o "$RUN_DIR/average.pt"

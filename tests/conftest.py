@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +93,65 @@ def _free_port() -> int:
 def free_port() -> Callable[[], int]:
     """Call it for a free TCP port on localhost: the rendezvous of a process group that a test spawns."""
     return _free_port
+
+
+@pytest.fixture
+def run_recipe(tmp_path) -> Callable[..., tuple[int, str, list[str]]]:
+    """``run_recipe(script, *args, env_extra=None)`` runs a recipe script for real in ``tmp_path``, with a
+    stand-in `tmt` on PATH that records its arguments: (exit code, stderr, one line per tmt call).
+
+    The recorded calls are the exact stage commands, checked without training anything.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    (bin_dir / "tmt").write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    (bin_dir / "tmt").chmod(0o755)
+
+    def run(script: Path, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, list[str]]:
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, **(env_extra or {})}
+        done = subprocess.run(
+            ["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        calls = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return done.returncode, done.stderr, calls
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def toy_run(prepared_toy, tmp_path_factory) -> Path:
+    """A run directory of `tmt train` (6 updates of the tiny toy model, validated every 3) that `tmt evaluate`
+    scored on 10 toy test lines into eval_toy-test/: what `tmt report`, `tmt plot` and `tmt attention` read.
+
+    Session-scoped: treat it as read-only.
+    """
+    import dataclasses
+
+    from transformer_mt.evaluate import evaluate_checkpoint
+    from transformer_mt.train.checkpoint import newest_readable
+    from transformer_mt.train.trainer import train_model
+
+    root = tmp_path_factory.mktemp("toy_run")
+    train = dataclasses.replace(
+        prepared_toy.train, save_dir=str(root / "run"), max_updates=6, validate_every=3, log_every=2,
+        save_every_updates=3, num_threads=1,
+    )  # fmt: skip
+    short = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=4)  # an untrained model rarely ends
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_model(dataclasses.replace(prepared_toy, train=train, decode=short))
+        test = Path(prepared_toy.data.test)
+        for lang in ("en", "de"):
+            lines = Path(f"{test}.{lang}").read_text(encoding="utf-8").splitlines()[:10]
+            (root / f"head.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        (last,) = newest_readable(root / "run", 1)
+        evaluate_checkpoint(
+            [last], testset="toy-test", src=root / "head.en", ref=root / "head.de", output=root / "run" / "eval_toy-test",
+            beam=2, device="cpu",
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return root / "run"

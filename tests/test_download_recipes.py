@@ -6,10 +6,8 @@ arguments, so the test checks the exact stage commands without training.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,23 +34,8 @@ def test_en_fr_configs_are_the_papers(name, d_model, heads, dropout, updates, av
     assert cfg.train.save_dir == f"runs/wmt14_en_fr_{name.rsplit('-', 1)[1]}"
 
 
-def run_script(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, list[str]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    log = tmp_path / "calls.log"
-    fake = bin_dir / "tmt"
-    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, **(env_extra or {})}
-    result = subprocess.run(
-        ["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
-    calls = log.read_text().splitlines() if log.exists() else []
-    return result.returncode, result.stderr, calls
-
-
-def test_reproduce_en_de_base_on_8_gpus_runs_every_stage(tmp_path):
-    code, err, calls = run_script(tmp_path, "en-de", "base", "8", env_extra={"DOWNLOAD_ARGS": "--source statmt"})
+def test_reproduce_en_de_base_on_8_gpus_runs_every_stage(run_recipe):
+    code, err, calls = run_recipe(SCRIPT, "en-de", "base", "8", env_extra={"DOWNLOAD_ARGS": "--source statmt"})
     assert code == 0, err
     config = ROOT / "configs" / "base.yaml"
     assert calls == [
@@ -67,8 +50,8 @@ def test_reproduce_en_de_base_on_8_gpus_runs_every_stage(tmp_path):
 
 
 @pytest.mark.parametrize(("gpus", "update_freq"), [("1", 8), ("2", 4), ("4", 2)])
-def test_reproduce_en_fr_big_keeps_25k_tokens_per_update(tmp_path, gpus, update_freq):
-    code, err, calls = run_script(tmp_path, "en-fr", "big", gpus)
+def test_reproduce_en_fr_big_keeps_25k_tokens_per_update(run_recipe, gpus, update_freq):
+    code, err, calls = run_recipe(SCRIPT, "en-fr", "big", gpus)
     assert code == 0, err
     train = next(c for c in calls if c.startswith("train "))
     assert f"--set train.update_freq={update_freq}" in train and ("--nproc-per-node" in train) == (gpus != "1")
@@ -76,9 +59,9 @@ def test_reproduce_en_fr_big_keeps_25k_tokens_per_update(tmp_path, gpus, update_
     assert calls[0] == "download wmt14 --pair en-fr --out data/wmt14_en_fr"
 
 
-def test_reproduce_rejects_bad_arguments(tmp_path):
+def test_reproduce_rejects_bad_arguments(run_recipe):
     for args in [(), ("en-de",), ("de-en", "base"), ("en-de", "huge"), ("en-de", "base", "zero")]:
-        code, err, calls = run_script(tmp_path, *args)
+        code, err, calls = run_recipe(SCRIPT, *args)
         assert code == 2 and calls == []
         assert "usage" in err or "error" in err
 

@@ -28,7 +28,11 @@ app = typer.Typer(
         "  tmt average runs/X --last 5        average the last checkpoints\n\n"
         "  tmt translate -c avg.pt < in.txt   beam search, line by line\n\n"
         "  tmt evaluate newstest2014 -c avg.pt  sacreBLEU and the paper's BLEU\n\n"
-        "  tmt export ctranslate2 -c avg.pt -o DIR  a CTranslate2 model directory"
+        "  tmt export ctranslate2 -c avg.pt -o DIR  a CTranslate2 model directory\n\n"
+        "The paper's tables and figures:\n\n"
+        "  tmt report RUN... -o report.md     Tables 2 and 3, yours beside the paper's\n\n"
+        "  tmt plot RUN -o curves.png         loss, learning rate, BLEU curves\n\n"
+        "  tmt attention -c avg.pt -t TEXT    attention per head (Figures 3-5)"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -440,6 +444,135 @@ def score(
         typer.echo(format_scores(scores))
     except EvaluateError as err:
         raise fail(str(err)) from None
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Run directories (train.save_dir of `tmt train`), any number; none: the paper alone.",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The Markdown file to write.")] = Path("report.md"),
+    plot: Annotated[
+        bool,
+        typer.Option("--plot/--no-plot", help="Also draw Table 3 as a chart, OUTPUT with .png (needs matplotlib)."),
+    ] = True,
+) -> None:
+    """The paper's Table 2 and Table 3 with your runs beside them, as Markdown (and a PNG chart).
+
+    Every figure of the paper's two tables is on a line marked 'paper'; under
+    it come the runs whose config trains that row (model, dropout, label
+    smoothing, language pair: matched by config, not by name), or 'not run'.
+    For each run: BLEU in both metrics, each labelled (the paper's tokenized
+    BLEU and sacreBLEU; newstest2014 for Table 2, newstest2013 for Table 3,
+    from the eval directories `tmt evaluate` wrote inside the run directory),
+    dev perplexity, parameters, training cost (updates x target tokens x FLOPs
+    per token, beside the paper's FLOPs), wall time and device. Runs of no row
+    (the quickstart's, say) get a table of their own.
+
+    Examples: tmt report runs/table3/* runs/wmt14_en_de_base -o report.md;
+    tmt report quickstart/run -o quickstart/report.md
+    """
+    from transformer_mt.plots import PlotError, report_figure
+    from transformer_mt.report import table3_points, write_report
+    from transformer_mt.runs import RunError, read_run
+
+    try:
+        runs = [read_run(d) for d in run_dirs or []]
+    except RunError as err:
+        raise fail(str(err)) from None
+    write_report(runs, output)
+    typer.echo(f"report -> {output}")
+    if plot:
+        try:
+            report_figure(table3_points(runs), output.with_suffix(".png"))
+            typer.echo(f"chart -> {output.with_suffix('.png')}")
+        except PlotError as err:
+            typer.echo(f"no chart: {err}", err=True)
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (train.save_dir of `tmt train`).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The PNG file to write.")] = Path("curves.png"),
+) -> None:
+    """Draw a run's training curves from its metrics.jsonl: loss, learning rate, validation BLEU.
+
+    Top row against updates, bottom row against wall-clock minutes (resumes
+    included): training loss (label-smoothed, per target token, averaged
+    over each train.log_every window), validation loss and NLL, the learning
+    rate, and validation sacreBLEU where the run logged it
+    (train.valid_bleu_sentences). Needs matplotlib (pip install matplotlib).
+
+    Example: tmt plot quickstart/run -o curves.png
+    """
+    from transformer_mt.plots import PlotError, curves_figure
+    from transformer_mt.runs import RunError, read_run
+
+    try:
+        curves_figure(read_run(run_dir), output)
+    except (RunError, PlotError) as err:
+        raise fail(str(err)) from None
+    typer.echo(f"curves -> {output}")
+
+
+class AttentionKind(str, Enum):
+    """Which attention of the model `tmt attention` draws."""
+
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
+@app.command()
+def attention(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Checkpoint of `tmt train` or `tmt average`.")],
+    text: Annotated[str, typer.Option("--text", "-t", help="The source sentence, raw text.")],
+    kind: Annotated[
+        AttentionKind,
+        typer.Option(
+            "--kind",
+            help="encoder: encoder self-attention (the paper's Figures 3-5); decoder: the decoder's masked "
+            "self-attention; cross: the decoder's attention over the source (rows: the target token predicted).",
+        ),
+    ] = AttentionKind.encoder,
+    layer: Annotated[
+        int | None, typer.Option("--layer", "-l", help="1-based layer (default: the one below the top, as 5 of 6).")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", help="The target sentence (decoder, cross); default: the model's own translation."),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The PNG file to write.")] = Path("attention.png"),
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda, ...")] = "cpu",
+) -> None:
+    """Draw one layer's attention weights for one sentence, a heatmap per head, as the paper's Figures 3-5.
+
+    The sentence is normalized and BPE-encoded as `tmt translate` does; rows
+    are the tokens attending (queries), columns the tokens attended to (keys),
+    darker is more weight, and each row sums to 1. The weights come from an
+    explicit softmax(Q K^T / sqrt(d_k)) pass that gives the same outputs as
+    the fused kernel training and decoding use. Needs matplotlib (pip install
+    matplotlib).
+
+    Examples: tmt attention -c quickstart/run/average.pt --text "The old man sees the red car." -o enc.png;
+    the same with --kind cross to see which source tokens each output token reads.
+    """
+    from transformer_mt.attention_maps import AttentionError, sentence_attention
+    from transformer_mt.plots import PlotError, attention_figure, require_matplotlib
+
+    try:
+        require_matplotlib()
+        found = sentence_attention(checkpoint, text, kind.value, layer, target, device)
+        attention_figure(found.panel, output)
+    except (AttentionError, PlotError) as err:
+        raise fail(str(err)) from None
+    if found.target and target is None:
+        typer.echo(f"translation: {found.target}")
+    typer.echo(f"attention -> {output}")
 
 
 @app.command()

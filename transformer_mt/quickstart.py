@@ -110,5 +110,9 @@ def _report(
         "",
         "next: translate your own text with",
         f"  echo 'The old man sees the red car.' | tmt translate -c {averaged}",
+        "see what the model attends to, the run's curves, and the run beside the paper's tables:",
+        f"  tmt attention -c {averaged} --text 'The old man sees the red car.' --kind cross -o attention.png",
+        f"  tmt plot {averaged.parent} -o curves.png",
+        f"  tmt report {averaged.parent} -o report.md",
     ]
     typer.echo("\n".join(lines))

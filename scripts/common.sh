@@ -1,0 +1,45 @@
+# Shared by the recipe scripts (sourced, not run): argument checks, the paper's tokens per update,
+# the extra arguments each stage takes from the environment, and the training stage itself.
+
+# check_gpus NGPUS: exit 2 unless NGPUS is a positive integer and `tmt` is on PATH.
+check_gpus() {
+    if ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: NGPUS must be a positive integer, got '$1'" >&2
+        exit 2
+    fi
+    if ! command -v tmt >/dev/null; then
+        echo "error: 'tmt' is not on PATH; install the package (pip install -e .) or activate its environment" >&2
+        exit 2
+    fi
+}
+
+# set_update_freq NGPUS: UPDATE_FREQ such that 3125 x UPDATE_FREQ x NGPUS is the paper's ~25k tokens per update
+# (8 batches of 3125 tokens on 1 GPU = 1 batch on each of 8 GPUs); a warning when no whole number gives 25k.
+set_update_freq() {
+    local gpus=$1
+    if ((8 % gpus == 0)); then
+        UPDATE_FREQ=$((8 / gpus))
+    else
+        UPDATE_FREQ=$(((8 + gpus / 2) / gpus))
+        ((UPDATE_FREQ >= 1)) || UPDATE_FREQ=1
+        echo "warning: 8 is not a multiple of $gpus GPUs: $((3125 * UPDATE_FREQ * gpus)) tokens per update instead of 25000" >&2
+    fi
+}
+
+# read_stage_args: the arrays download_args, prepare_args, train_args from DOWNLOAD_ARGS, PREPARE_ARGS, TRAIN_ARGS.
+read_stage_args() {
+    read -r -a download_args <<<"${DOWNLOAD_ARGS:-}"
+    read -r -a prepare_args <<<"${PREPARE_ARGS:-}"
+    read -r -a train_args <<<"${TRAIN_ARGS:-}"
+}
+
+# train_on_gpus CONFIG NGPUS: tmt train with the paper's tokens per update, under torchrun for several GPUs.
+train_on_gpus() {
+    if (($2 > 1)); then
+        tmt train "$1" --nproc-per-node "$2" --set "train.update_freq=$UPDATE_FREQ" "${train_args[@]}"
+    else
+        tmt train "$1" --set "train.update_freq=$UPDATE_FREQ" "${train_args[@]}"
+    fi
+}
+
+stage() { printf '\n=== %s ===\n' "$*" >&2; }

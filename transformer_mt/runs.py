@@ -1,0 +1,121 @@
+"""A finished (or running) run directory, read back: what `tmt report` and `tmt plot` show.
+
+Only files that `tmt train` and `tmt evaluate` write are read: ``config.yaml``,
+``metrics.jsonl`` (records by ``kind``: ``start``, ``train``, ``valid``,
+``warning``, ``end``; see `transformer_mt.train.run_files`) and the
+``scores.json`` of each evaluation output directory inside the run directory
+(``eval_<testset>`` by default). Nothing is recomputed from checkpoints, so a
+report of a 300k-update run reads a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from transformer_mt.config import Config, ConfigError, config_from_dict
+
+
+class RunError(RuntimeError):
+    """A directory that is not a readable run; the message names the file and what to pass instead."""
+
+
+@dataclass
+class Run:
+    """One run directory: its config, its metric records by kind, and its evaluations by test set."""
+
+    path: Path
+    cfg: Config
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> records, in file order
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # test set -> scores.json, newest kept
+
+    def kind(self, name: str) -> list[dict[str, Any]]:
+        """The records of one kind (``train``, ``valid``, ...), in the order training wrote them."""
+        return self.records.get(name, [])
+
+    @property
+    def start(self) -> dict[str, Any] | None:
+        """The last ``start`` record (each resume writes one): parameters, FLOPs per token, device."""
+        return (self.kind("start") or [None])[-1]
+
+    @property
+    def updates(self) -> int:
+        """Updates trained: from the ``end`` record, else the last record that has an update."""
+        found = [r["update"] for r in self.kind("end") + self.kind("train") + self.kind("valid")]
+        return max(found, default=0)
+
+    @property
+    def minutes(self) -> float | None:
+        """Wall-clock training minutes (resumes included), from the last record that carries them."""
+        timed = [r for r in self.kind("end") + self.kind("train") + self.kind("valid") if "minutes" in r]
+        return max((r["minutes"] for r in timed), default=None)
+
+    @property
+    def tokens_per_update(self) -> float | None:
+        """Mean target tokens per update over the logged windows (each ``train`` record averages its window)."""
+        windows = [r["tgt_tokens_per_update"] for r in self.kind("train") if "tgt_tokens_per_update" in r]
+        return sum(windows) / len(windows) if windows else None
+
+    @property
+    def training_flops(self) -> float | None:
+        """Model FLOPs spent training: updates x target tokens per update x FLOPs per target token."""
+        flops = (self.start or {}).get("flops_per_token")
+        tokens = self.tokens_per_update
+        return None if flops is None or tokens is None else self.updates * tokens * flops
+
+    @property
+    def dev_ppl(self) -> float | None:
+        """Perplexity per BPE token on the validation split at the last validation (the model the run ends with)."""
+        valid = self.kind("valid")
+        return valid[-1]["ppl"] if valid else None
+
+
+def read_run(path: str | Path) -> Run:
+    """Read a run directory (``train.save_dir`` of `tmt train`); RunError when it holds no config.yaml."""
+    path = Path(path)
+    config = path / "config.yaml"
+    if not config.is_file():
+        raise RunError(
+            f"{path}: no config.yaml, so not a run directory of `tmt train`; pass the train.save_dir of a run "
+            "(for example runs/wmt14_en_de_base or quickstart/run)"
+        )
+    try:
+        cfg = config_from_dict(yaml.safe_load(config.read_text(encoding="utf-8")) or {}, origin=str(config))
+    except (ConfigError, yaml.YAMLError) as err:
+        raise RunError(f"{config}: not a config `tmt train` wrote ({err})") from None
+    return Run(path, cfg, read_metrics(path / "metrics.jsonl"), read_scores(path))
+
+
+def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """metrics.jsonl as records by kind; a line cut short by a crash is passed over, a missing file is empty."""
+    records: dict[str, list[dict[str, Any]]] = {}
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "kind" in record:
+            records.setdefault(record["kind"], []).append(record)
+    return records
+
+
+def read_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The scores.json of each evaluation directory in ``run_dir`` by its test set (the newest file per set)."""
+    found: dict[str, tuple[float, dict[str, Any]]] = {}
+    for path in run_dir.glob("*/scores.json"):
+        try:
+            scores = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(scores, dict) or "testset" not in scores:
+            continue
+        mtime = path.stat().st_mtime
+        if scores["testset"] not in found or mtime > found[scores["testset"]][0]:
+            found[scores["testset"]] = (mtime, {**scores, "path": str(path)})
+    return {name: scores for name, (_, scores) in found.items()}
