@@ -13,17 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import typer
 from typer.testing import CliRunner
 
 from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import EOS, load_bpe
+from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.translate import (
     TranslateError,
     Translator,
     batches_by_tokens,
     empty_outputs,
+    load_translator,
     read_input_lines,
 )
 from transformer_mt.model.transformer import Transformer
@@ -277,3 +280,72 @@ def test_batches_by_tokens_bound_and_cover() -> None:
     for b in batches:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
     assert batches[0] == [5]  # longest first, alone since it exceeds the budget
+
+
+# -- ensembles: several checkpoints decoded together
+
+
+def test_an_ensemble_of_a_checkpoint_with_itself_translates_as_the_checkpoint(
+    ckpts: list[Path], test_lines: list[str], translator: Translator
+) -> None:
+    same = Translator.from_checkpoints([ckpts[0], ckpts[0]], device="cpu", ensemble=True)
+    same.show_progress = False
+    assert isinstance(same.model, Ensemble) and len(same.model.models) == 2
+    lines = [*test_lines[:5], ""]
+    for mine, its in zip(same.translate_lines_nbest(lines, 3), translator.translate_lines_nbest(lines, 3), strict=True):
+        assert [t.text for t in mine] == [t.text for t in its]
+        assert [t.score for t in mine] == pytest.approx([t.score for t in its], abs=1e-5)
+
+
+def test_an_ensemble_is_not_the_average(ckpts: list[Path], test_lines: list[str]) -> None:
+    """Two random models: the mean of their log-probabilities, one model each, not the model of mean weights."""
+    ensemble = Translator.from_checkpoints(ckpts, device="cpu", ensemble=True)
+    averaged = Translator.from_checkpoints(ckpts, device="cpu")
+    assert isinstance(ensemble.model, Ensemble) and isinstance(averaged.model, Transformer)
+    for member, path in zip(ensemble.model.models, ckpts, strict=True):
+        saved = torch.load(path, weights_only=True)["model"]
+        assert all(torch.equal(member.state_dict()[k], saved[k]) for k in saved)  # each model whole
+    ensemble.show_progress = averaged.show_progress = False
+    assert ensemble.translate_lines(test_lines) != averaged.translate_lines(test_lines)
+
+
+def test_an_ensemble_takes_the_first_decode_section_and_the_smallest_max_positions(
+    ckpts: list[Path], toy_cfg: Config, tmp_path: Path
+) -> None:
+    other = dataclasses.replace(
+        toy_cfg, decode=dataclasses.replace(toy_cfg.decode, beam_size=2),
+        model=dataclasses.replace(toy_cfg.model, max_positions=64, d_ff=48),
+    )  # fmt: skip
+    write_checkpoint(other, tmp_path / "other.pt", seed=3)
+    t = Translator.from_checkpoints([ckpts[0], tmp_path / "other.pt"], device="cpu", ensemble=True)
+    assert t.cfg.decode == toy_cfg.decode and t.cfg.model.max_positions == 64
+    assert [m.cfg.d_ff for m in t.model.models] == [toy_cfg.model.d_ff, 48]  # each model in its own shape
+
+
+def test_an_ensemble_refuses_different_vocabularies(ckpts: list[Path], tmp_path: Path) -> None:
+    state = torch.load(ckpts[1], weights_only=True)
+    state["spm_model"] = state["spm_model"][:-1]
+    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    with pytest.raises(TranslateError, match=r"other_bpe\.pt: a different BPE model .* than .*a\.pt; an ensemble"):
+        Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu", ensemble=True)
+    with pytest.raises(TranslateError, match="--ensemble runs tmt's own search"):
+        load_translator([tmp_path / "ct2"], "ctranslate2", ensemble=True)
+
+
+def test_cli_ensemble_and_average_flags(ckpts: list[Path], test_lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in [test_lines[0], "", test_lines[1]]).encode()
+    both = ["translate", "-c", str(ckpts[0]), "-c", str(ckpts[1]), "--beam", "2"]
+    runs = {flag: CliRunner().invoke(app, [*both, *flag], input=text) for flag in [(), ("--average",), ("--ensemble",)]}
+    assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
+    expected = {}
+    for ensemble in (False, True):
+        t = Translator.from_checkpoints(ckpts, device="cpu", beam=2, ensemble=ensemble)
+        t.show_progress = False
+        expected[ensemble] = "".join(line + "\n" for line in t.translate_lines([test_lines[0], "", test_lines[1]]))
+    assert runs[()].stdout == runs[("--average",)].stdout == expected[False]  # the default averages the weights
+    assert runs[("--ensemble",)].stdout == expected[True]
+    for command in ("translate", "evaluate"):  # --help says what a repeated -c does without a flag
+        params = typer.main.get_command(app).commands[command].params  # type: ignore[attr-defined]
+        (flag,) = [p for p in params if p.name == "ensemble"]
+        assert (flag.opts, flag.secondary_opts, flag.default) == (["--ensemble"], ["--average"], False)
+        assert "--average (the default" in flag.help and "mean of their log-probabilities" in flag.help

@@ -83,6 +83,19 @@ EngineOpt = Annotated[
 ]
 
 
+CombineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ensemble/--average",
+        help="How several -c combine. --average (the default, as before --ensemble existed): one model whose "
+        "weights are their mean, what `tmt average` writes; the paper's way with the last checkpoints of one run, "
+        "at one model's cost. --ensemble: every model decodes and each beam step takes the mean of their "
+        "log-probabilities; for separately trained models (other seeds or configs; their weights cannot be "
+        "averaged) that share one BPE vocabulary, at M models' cost.",
+    ),
+]
+
+
 def decode_overrides(set_: list[str] | None, quantize: Quantize | None) -> list[str]:
     """The --set texts of translate/evaluate, with --quantize as one more (applied last)."""
     return [*(set_ or []), *([f"decode.quantize={quantize.value}"] if quantize is not None else [])]
@@ -261,8 +274,9 @@ def translate(
         typer.Option(
             "--checkpoint",
             "-c",
-            help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several on the fly "
-            "(the model `tmt average` would write, with the newest input's config and BPE model).",
+            help="Checkpoint of `tmt train` or `tmt average`; repeat -c to combine several: averaged on the fly "
+            "by default (the model `tmt average` would write, with the newest input's config and BPE model), "
+            "decoded together with --ensemble (the first one's decoding settings).",
         ),
     ],
     input: Annotated[
@@ -299,6 +313,7 @@ def translate(
     ] = None,
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
+    ensemble: CombineOpt = False,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -310,7 +325,8 @@ def translate(
     + 50, early stopping); the flags override them. A line longer than the
     model's max_positions is translated after truncation, with a warning.
 
-    Example: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de
+    Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
+    an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     from transformer_mt.decode.translate import TranslateError, translate_file
@@ -318,7 +334,7 @@ def translate(
     try:
         translate_file(
             checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
-            device=device, overrides=decode_overrides(set_, quantize), engine=engine.value,
+            device=device, overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
         )  # fmt: skip
     except TranslateError as err:
         raise fail(str(err)) from None
@@ -330,7 +346,8 @@ def evaluate(
         str | None, typer.Argument(help="newstest2013, newstest2014, ... (fetched via sacreBLEU).")
     ] = None,
     checkpoint: Annotated[
-        list[Path], typer.Option("--checkpoint", "-c", help="Checkpoint(s) to translate with.")
+        list[Path],
+        typer.Option("--checkpoint", "-c", help="Checkpoint(s) to translate with; several: see --ensemble/--average."),
     ] = ...,  # type: ignore[assignment]
     src: Annotated[Path | None, typer.Option("--src", help="Local source file instead of a named test set.")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", help="Local reference file instead of a named test set.")] = None,
@@ -351,6 +368,7 @@ def evaluate(
     ] = None,
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
+    ensemble: CombineOpt = False,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
 
@@ -366,7 +384,7 @@ def evaluate(
     try:
         evaluate_checkpoint(
             checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
-            overrides=decode_overrides(set_, quantize), engine=engine.value,
+            overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
         )  # fmt: skip
     except EvaluateError as err:
         raise fail(str(err)) from None

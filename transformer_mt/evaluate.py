@@ -168,14 +168,15 @@ def evaluate_checkpoint(
     device: str | None = None,
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
+    ensemble: bool = False,
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
     ``output`` defaults to ``eval_<name>`` beside the first checkpoint. With
     ``--src``/``--ref`` a test set name, if given, only labels the results.
     ``overrides`` are ``--set`` texts for the checkpoint's config (see
-    `transformer_mt.decode.translate.override_config`). ``engine``: see
-    `transformer_mt.decode.translate.load_translator`.
+    `transformer_mt.decode.translate.override_config`). ``engine`` and
+    ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
     """
     from transformer_mt.decode.translate import TranslateError, empty_outputs, load_translator
 
@@ -188,7 +189,7 @@ def evaluate_checkpoint(
             raise EvaluateError(str(err)) from None
     try:
         translator = load_translator(
-            checkpoints, engine, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
+            checkpoints, engine, ensemble, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
         )
     except TranslateError as err:
         raise EvaluateError(str(err)) from None
@@ -211,6 +212,7 @@ def evaluate_checkpoint(
         "src": str(src_path),
         "checkpoints": [str(c) for c in checkpoints],
         "engine": engine,
+        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
         "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
                    "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize},
         **score_files(hyp_path, ref_path, data.tgt_lang),

@@ -7,6 +7,10 @@ decoded back to plain text. Lines are batched by source tokens in length
 order (long lines first, so memory problems show at once) and the
 translations are put back in input order. An empty line (or one that
 normalizes to nothing) gives an empty line without running the model.
+
+Several checkpoints are either averaged into one model (`read_average`, the
+paper's way with the last checkpoints of a run) or decoded together as an
+`transformer_mt.decode.ensemble.Ensemble`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from transformer_mt.config import (
 )
 from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
+from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.model.transformer import Transformer
@@ -107,7 +112,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer | None,
+        model: Transformer | Ensemble | None,
         bpe: spm.SentencePieceProcessor,
         cfg: Config,
         device: str | torch.device,
@@ -132,28 +137,27 @@ class Translator:
         nbest: int | None = None,
         batch_tokens: int | None = None,
         overrides: Sequence[str] = (),
+        ensemble: bool = False,
     ) -> Translator:
-        """Load one checkpoint, or average several on the fly (`average_states`, exactly as `tmt average` does).
+        """Load one checkpoint; several are averaged on the fly (`read_average`, exactly as `tmt average` does),
+        or with ``ensemble`` decoded together, each model whole (`load_ensemble`).
 
-        Decoding settings come from the config stored in the (newest) checkpoint,
-        then ``overrides`` (``--set`` texts, see `override_config`), then the
-        arguments that are not None.
+        Decoding settings come from the config stored in the (newest; with
+        ``ensemble``, the first) checkpoint, then ``overrides`` (``--set``
+        texts, see `override_config`), then the arguments that are not None.
         """
         paths = [Path(p) for p in paths]
         if not paths:
             raise TranslateError("no checkpoint given; pass one or more with -c CHECKPOINT")
-        ck = load_state(paths)
-        try:
-            cfg = override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
-        except ConfigError as err:
-            raise TranslateError(str(err)) from None
-        bpe = load_bpe_bytes(ck.spm_model)
-        cfg = set_decode(cfg, beam, lenpen, nbest, batch_tokens)
         device = torch.device(device or default_device())
-        model = _build_model(cfg, ck.model, bpe, paths[0]).to(device)
-        if cfg.decode.quantize == "int8":
-            model = _quantize_int8(model)
-        return cls(model, bpe, cfg, device)
+        if ensemble and len(paths) > 1:
+            models, cfg, spm_model = load_ensemble(paths, overrides, device)
+            model: Transformer | Ensemble = Ensemble(models)
+        else:
+            ck = load_state(paths)
+            cfg, spm_model = _checkpoint_config(ck, paths, overrides), ck.spm_model
+            model = _load_model(ck, cfg, paths[0], device)
+        return cls(model, load_bpe_bytes(spm_model), set_decode(cfg, beam, lenpen, nbest, batch_tokens), device)
 
     @classmethod
     def from_ctranslate2(
@@ -270,6 +274,49 @@ def _override(
     return d
 
 
+def load_ensemble(
+    paths: Sequence[Path], overrides: Sequence[str], device: torch.device
+) -> tuple[list[Transformer], Config, bytes]:
+    """The models of ``paths``, each whole, for an `Ensemble`; the config to decode with; their BPE model.
+
+    Every checkpoint must hold the same BPE model: the ensemble averages the
+    models' log-probabilities token id by token id. Each model keeps its own
+    shape. Decoding settings are the first checkpoint's (and ``overrides``,
+    applied to each); the longest input is the smallest model.max_positions.
+    """
+    checkpoints = [load_state([path]) for path in paths]
+    for path, ck in zip(paths[1:], checkpoints[1:], strict=True):
+        if ck.spm_model != checkpoints[0].spm_model:
+            raise TranslateError(
+                f"{path}: a different BPE model (vocabulary) than {paths[0]}; an ensemble averages the models' "
+                "log-probabilities token by token, so its models must share one vocabulary: ensemble models "
+                "trained on the same prepared data (data.dir)"
+            )
+    configs = [_checkpoint_config(ck, [path], overrides) for path, ck in zip(paths, checkpoints, strict=True)]
+    first = configs[0]
+    positions = min(c.model.max_positions for c in configs)
+    cfg = dataclasses.replace(first, model=dataclasses.replace(first.model, max_positions=positions))
+    models = [
+        _load_model(ck, dataclasses.replace(c, decode=first.decode), path, device)
+        for path, ck, c in zip(paths, checkpoints, configs, strict=True)
+    ]
+    return models, cfg, checkpoints[0].spm_model
+
+
+def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:
+    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a TranslateError naming ``paths``."""
+    try:
+        return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
+    except ConfigError as err:
+        raise TranslateError(str(err)) from None
+
+
+def _load_model(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> Transformer:
+    """The model of ``ck`` as ``cfg`` describes it, on ``device``; int8 when ``decode.quantize`` says so."""
+    model = _build_model(cfg, ck.model, load_bpe_bytes(ck.spm_model), path).to(device)
+    return _quantize_int8(model) if cfg.decode.quantize == "int8" else model
+
+
 def _build_model(
     cfg: Config, params: dict[str, torch.Tensor], bpe: spm.SentencePieceProcessor, path: Path
 ) -> Transformer:
@@ -378,16 +425,38 @@ def format_nbest(results: Sequence[Sequence[Translation]]) -> list[str]:
 ENGINES = ("pytorch", "ctranslate2")
 
 
-def load_translator(paths: Sequence[str | Path], engine: str = "pytorch", **settings: Any) -> Translator:
+def load_translator(
+    paths: Sequence[str | Path], engine: str = "pytorch", ensemble: bool = False, **settings: Any
+) -> Translator:
     """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
 
-    ``settings`` are those of `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
+    ``ensemble``: several checkpoints decode together instead of being
+    averaged (tmt's search only). ``settings`` are those of
+    `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
     """
     if engine == "ctranslate2":
+        if ensemble:
+            raise TranslateError(
+                "--ensemble runs tmt's own search over tmt checkpoints (--engine pytorch); --engine ctranslate2 "
+                "decodes one exported model"
+            )
         return Translator.from_ctranslate2(paths, **settings)
     if engine != "pytorch":
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    return Translator.from_checkpoints(paths, **settings)
+    return Translator.from_checkpoints(paths, ensemble=ensemble, **settings)
+
+
+def write_stdout(lines: Sequence[str]) -> None:
+    """``lines`` on stdout, each ended by '\\n', as UTF-8 whatever the locale says, flushed."""
+    text = "".join(line + "\n" for line in lines)
+    stdout = getattr(sys.stdout, "buffer", None)
+    if stdout is not None:
+        sys.stdout.flush()
+        stdout.write(text.encode("utf-8"))
+        stdout.flush()
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def translate_file(
@@ -401,12 +470,13 @@ def translate_file(
     device: str | None = None,
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
+    ensemble: bool = False,
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None); see `tmt translate --help`."""
     lines = read_input_lines(input)
     translator = load_translator(
-        checkpoints, engine, device=device, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
-        overrides=overrides,
+        checkpoints, engine, ensemble=ensemble, device=device, beam=beam, lenpen=lenpen, nbest=nbest,
+        batch_tokens=batch_tokens, overrides=overrides,
     )  # fmt: skip
     k = translator.cfg.decode.nbest
     results = translator.translate_lines_nbest(lines, nbest=k)
