@@ -24,11 +24,11 @@ from test_decode_translate import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
-from transformer_mt.config import Config, config_from_dict, load_config
+from transformer_mt.config import Config, ModelConfig, config_from_dict, load_config
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.decode.search import beam_search, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
-from transformer_mt.export import ExportError, export_ctranslate2, require_ctranslate2
+from transformer_mt.export import ExportError, check_exportable, export_ctranslate2, require_ctranslate2
 from transformer_mt.model.positions import sinusoidal_positions
 from transformer_mt.model.transformer import Transformer
 
@@ -139,6 +139,14 @@ def test_export_refuses_an_existing_directory_without_force(toy_checkpoint: Path
     export_ctranslate2([toy_checkpoint], out, force=True)
     assert (out / "model.bin").is_file() and not (out / "mine.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ct2"]
+
+
+def test_export_refuses_keys_narrower_than_values() -> None:
+    """Table 3 row B (model.d_k alone) has no CTranslate2 equivalent: refused, not exported wrong."""
+    check_exportable(ModelConfig(d_model=512, heads=8, d_k=0))
+    check_exportable(ModelConfig(d_model=512, heads=8, d_k=64))
+    with pytest.raises(ExportError, match=r"model.d_k=16 .*d_model/heads=64.*cannot be exported"):
+        check_exportable(ModelConfig(d_model=512, heads=8, d_k=16))
 
 
 @needs_ct2

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, CTranslate2Error, pieces_of
 from transformer_mt.decode.ctranslate2_engine import require_ctranslate2 as _require
 
@@ -68,6 +69,7 @@ def export_ctranslate2(
         translator = Translator.from_checkpoints(checkpoints, device="cpu", overrides=["decode.quantize=none"])
     except TranslateError as err:
         raise ExportError(str(err)) from None
+    check_exportable(translator.cfg.model)
     with atomic_directory(out) as tmp:
         converter = TmtConverter(translator.model, pieces_of(translator.bpe))
         # The directory is ours and empty: CTranslate2 may recreate it (force=True).
@@ -77,6 +79,17 @@ def export_ctranslate2(
         if not ct2.contains_model(str(tmp)):
             raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
     return out
+
+
+def check_exportable(model: ModelConfig) -> None:
+    """Refuse what CTranslate2's TransformerSpec cannot hold: queries and keys narrower than values (model.d_k)."""
+    head = model.d_model // model.heads
+    if model.d_k not in (0, head):
+        raise ExportError(
+            f"this model has model.d_k={model.d_k} (queries and keys narrower than the values' d_model/heads={head}, "
+            "Table 3 row B); CTranslate2's Transformer needs one width for all three, so it cannot be exported; "
+            "translate it with tmt itself (tmt translate -c CKPT)"
+        )
 
 
 @contextmanager
