@@ -314,6 +314,16 @@ def translate(
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
+    buffer_lines: Annotated[
+        int | None,
+        typer.Option(
+            "--buffer-lines",
+            help="Translate N lines at a time as they are read and print their translations at once, flushed, "
+            "for a program that writes a line and waits for its translation (default at a terminal: 1; files and "
+            "pipes are otherwise read whole and batched by length, the fastest). Prints to stdout: not with -o.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -325,17 +335,30 @@ def translate(
     + 50, early stopping); the flags override them. A line longer than the
     model's max_positions is translated after truncation, with a warning.
 
+    Input from a file or a pipe is read to its end, then translated in
+    batches; typed at a terminal (or with --buffer-lines N) each line (N
+    lines) is translated as soon as it is read.
+
     Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
-    an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en
+    an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
+    a line in, a line out: tmt translate -c avg.pt --buffer-lines 1
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
+    import sys
+
+    from transformer_mt.decode.stream import stream_lines, translate_interactive
     from transformer_mt.decode.translate import TranslateError, translate_file
 
+    settings = dict(
+        beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, device=device,
+        overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
+    )  # fmt: skip
     try:
-        translate_file(
-            checkpoint, input, output, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens,
-            device=device, overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
-        )  # fmt: skip
+        stream = stream_lines(buffer_lines, input, output, input is None and sys.stdin.isatty())
+        if stream is None:
+            translate_file(checkpoint, input, output, **settings)
+        else:
+            translate_interactive(checkpoint, input, stream, **settings)
     except TranslateError as err:
         raise fail(str(err)) from None
 

@@ -10,14 +10,17 @@ normalizes to nothing) gives an empty line without running the model.
 
 Several checkpoints are either averaged into one model (`read_average`, the
 paper's way with the last checkpoints of a run) or decoded together as an
-`transformer_mt.decode.ensemble.Ensemble`.
+`transformer_mt.decode.ensemble.Ensemble`. Input from a terminal, or with
+``--buffer-lines N``, is translated N lines at a time as it arrives
+(`transformer_mt.decode.stream`); a file or a pipe is read whole and batched
+by length.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,15 +197,18 @@ class Translator:
         """One detokenized translation per line, in order; empty lines give empty lines."""
         return [hyps[0].text for hyps in self.translate_lines_nbest(lines, nbest=1)]
 
-    def translate_lines_nbest(self, lines: Sequence[str], nbest: int | None = None) -> list[list[Translation]]:
+    def translate_lines_nbest(
+        self, lines: Sequence[str], nbest: int | None = None, start: int = 0
+    ) -> list[list[Translation]]:
         """The ``nbest`` (default: decode.nbest) best translations of every line, best first.
 
         An empty line gets ``nbest`` empty translations with score 0.
+        ``start``: the 0-based input line number of ``lines[0]``, for warnings.
         """
         nbest = self.cfg.decode.nbest if nbest is None else nbest
         if not 1 <= nbest <= self.cfg.decode.beam_size:
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
-        ids = [self.encode(i, line) for i, line in enumerate(lines)]
+        ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
         results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
         todo = [i for i, x in enumerate(ids) if x]
         with tqdm(
@@ -383,15 +389,30 @@ def batches_by_tokens(indices: Sequence[int], lengths: Sequence[int], batch_toke
 # -- files
 
 
-def read_input_lines(input: str | Path | None) -> list[str]:
-    """Lines of ``input`` (stdin when None) by `transformer_mt.data.clean.read_lines`: UTF-8, split on '\\n' only."""
+def input_lines(input: str | Path | None) -> Iterator[str]:
+    """Lines of ``input`` (stdin when None) as they arrive, by `transformer_mt.data.clean.read_lines`.
+
+    UTF-8, split on '\\n' only. A line is yielded as soon as it is complete, so
+    a terminal or a pipe that stays open is read line by line; a bad byte or
+    an unreadable file is a TranslateError naming the input (and the line).
+    """
     name = "<stdin>" if input is None else str(input)
-    try:
-        return list(read_lines(name, sys.stdin.buffer if input is None else None))
-    except InputError as err:
-        raise TranslateError(str(err)) from None
-    except OSError as err:
-        raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
+    lines = read_lines(name, sys.stdin.buffer if input is None else None)
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration:
+            return
+        except InputError as err:
+            raise TranslateError(str(err)) from None
+        except OSError as err:
+            raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
+        yield line
+
+
+def read_input_lines(input: str | Path | None) -> list[str]:
+    """Every line of ``input`` (stdin when None), read to the end: see `input_lines`."""
+    return list(input_lines(input))
 
 
 EMPTY_OUTPUT_LIMIT = 0.05  # warn when more than this fraction of non-empty input lines translate to nothing
@@ -405,21 +426,31 @@ def empty_outputs(sources: Sequence[str], outputs: Sequence[str]) -> tuple[int, 
     nothing; a model stopped early, inside its learning-rate warmup, often
     does. `tmt translate` and `tmt evaluate` print the warning on stderr.
     """
+    given, empty = count_empty(sources, outputs)
+    return empty, empty_warning(given, empty)
+
+
+def count_empty(sources: Sequence[str], outputs: Sequence[str]) -> tuple[int, int]:
+    """(non-empty sources, those of them translated to nothing): the counts `empty_warning` judges."""
     given = [i for i, line in enumerate(sources) if normalize(line)]
-    empty = sum(1 for i in given if not outputs[i].strip())
-    if not given or empty <= EMPTY_OUTPUT_LIMIT * len(given):
-        return empty, None
-    return empty, (
-        f"warning: {empty} of {len(given)} non-empty input lines ({100 * empty / len(given):.1f}%) got an empty "
+    return len(given), sum(1 for i in given if not outputs[i].strip())
+
+
+def empty_warning(given: int, empty: int) -> str | None:
+    """The warning of `empty_outputs` for ``empty`` of ``given`` non-empty lines, or None within the limit."""
+    if not given or empty <= EMPTY_OUTPUT_LIMIT * given:
+        return None
+    return (
+        f"warning: {empty} of {given} non-empty input lines ({100 * empty / given:.1f}%) got an empty "
         f"translation (more than {EMPTY_OUTPUT_LIMIT:.0%}); the likely cause is an undertrained checkpoint, such as "
         "a run stopped inside its learning-rate warmup (`tmt train` warns when it stops there): train longer "
         "(train.max_updates / train.max_minutes) or shorten the warmup (train.warmup), then translate again"
     )
 
 
-def format_nbest(results: Sequence[Sequence[Translation]]) -> list[str]:
-    """``index<TAB>score<TAB>text`` lines: 0-based input line index, normalized score (higher is better)."""
-    return [f"{i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
+def format_nbest(results: Sequence[Sequence[Translation]], start: int = 0) -> list[str]:
+    """``index<TAB>score<TAB>text`` lines: 0-based input line index (the first is ``start``), normalized score."""
+    return [f"{start + i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
 
 
 ENGINES = ("pytorch", "ctranslate2")
@@ -472,7 +503,11 @@ def translate_file(
     engine: str = "pytorch",
     ensemble: bool = False,
 ) -> None:
-    """Translate ``input`` (stdin when None) to ``output`` (stdout when None); see `tmt translate --help`."""
+    """Translate ``input`` (stdin when None) to ``output`` (stdout when None), read whole and batched by length.
+
+    The input is read before the model loads, so bad input fails fast. See
+    `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
+    """
     lines = read_input_lines(input)
     translator = load_translator(
         checkpoints, engine, ensemble=ensemble, device=device, beam=beam, lenpen=lenpen, nbest=nbest,
@@ -486,14 +521,6 @@ def translate_file(
     if warning:
         print(warning, file=sys.stderr)
     if output is None:
-        text = "".join(line + "\n" for line in out_lines)
-        stdout = getattr(sys.stdout, "buffer", None)
-        if stdout is not None:  # UTF-8 whatever the locale says
-            sys.stdout.flush()
-            stdout.write(text.encode("utf-8"))
-            stdout.flush()
-        else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        write_stdout(out_lines)
     else:
         atomic_write_lines(output, out_lines)
