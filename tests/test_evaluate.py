@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+import torch
 from typer.testing import CliRunner
 
+from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.evaluate import (
@@ -278,3 +280,82 @@ def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
         read_lines(path, "reference")
     with pytest.raises(EvaluateError, match=r"missing\.de: cannot read the reference file"):
         read_lines(tmp_path / "missing.de", "reference")
+
+
+# -- the checkpoint config's own test and valid splits
+
+
+@pytest.fixture(scope="module")
+def split_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint whose config names 4-line test and 3-line valid splits, in a directory of their own."""
+    import dataclasses
+
+    from test_decode_translate import write_checkpoint
+
+    root = tmp_path_factory.mktemp("splits")
+    for split, n in (("test", 4), ("valid", 3)):
+        for lang in ("en", "de"):
+            lines = Path(f"{prepared_toy.data.test}.{lang}").read_text(encoding="utf-8").splitlines()
+            write(root / f"{split}.{lang}", lines[10 * n : 11 * n])
+    data = dataclasses.replace(prepared_toy.data, test=str(root / "test"), valid=str(root / "valid"))
+    decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3)
+    path = root / "run" / "ckpt.pt"
+    path.parent.mkdir()
+    write_checkpoint(dataclasses.replace(prepared_toy, data=data, decode=decode), path, seed=0)
+    return path
+
+
+@pytest.mark.parametrize("split,lines", [("test", 4), ("valid", 3)])
+def test_evaluate_scores_the_config_split_beside_the_checkpoint(split_ckpt: Path, split: str, lines: int) -> None:
+    root = split_ckpt.parent.parent
+    result = CliRunner().invoke(app, ["evaluate", split, "-c", str(split_ckpt), "--beam", "2"])
+    assert result.exit_code == 0, result.output
+    out = split_ckpt.parent / f"eval_{split}"
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["testset"] == split and scores["sentences"] == lines
+    assert scores["src"] == str(root / f"{split}.en") and scores["ref"] == str(root / f"{split}.de")
+    hyps = (out / "hyp.de").read_text(encoding="utf-8").splitlines()
+    expected = evaluate_checkpoint([split_ckpt], src=root / f"{split}.en", ref=root / f"{split}.de",
+                                   output=out.parent / "by_files", beam=2)  # fmt: skip
+    assert len(hyps) == lines and scores["sacrebleu"] == expected["sacrebleu"]
+
+
+def test_evaluate_split_errors_name_the_key_and_the_fix(prepared_toy: Config, split_ckpt: Path, tmp_path: Path) -> None:
+    import dataclasses
+
+    from test_decode_translate import write_checkpoint
+
+    no_test = tmp_path / "no_test.pt"
+    write_checkpoint(
+        dataclasses.replace(prepared_toy, data=dataclasses.replace(prepared_toy.data, test="")), no_test, 0
+    )
+    with pytest.raises(EvaluateError, match=r"no_test\.pt: its config has no test split \(data\.test is empty\)"):
+        evaluate_checkpoint([no_test], testset="test")
+    gone = tmp_path / "gone.pt"
+    data = dataclasses.replace(prepared_toy.data, valid="relative/elsewhere/valid")
+    write_checkpoint(dataclasses.replace(prepared_toy, data=data), gone, 0)
+    with pytest.raises(
+        EvaluateError, match=r"relative/elsewhere/valid\.en not found: .*data\.valid=.*run tmt evaluate"
+    ):
+        evaluate_checkpoint([gone], testset="valid")
+    result = CliRunner().invoke(app, ["evaluate", "-c", str(split_ckpt)])
+    assert result.exit_code == 2 and "test, valid" in result.output  # the names a user may give
+
+
+def test_evaluate_ensemble_decodes_the_checkpoints_together(split_ckpt: Path, prepared_toy: Config) -> None:
+    from transformer_mt.decode.translate import Translator
+
+    other = split_ckpt.parent / "other.pt"
+    state = torch.load(split_ckpt, weights_only=True)
+    state["model"] = {k: v.flip(0) if v.dim() == 2 else v for k, v in state["model"].items()}  # another model
+    save_checkpoint(other, state)
+    out = split_ckpt.parent / "eval_ensemble"
+    args = ["evaluate", "test", "-c", str(split_ckpt), "-c", str(other), "--beam", "2", "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--ensemble"])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["ensemble"] is True and scores["checkpoints"] == [str(split_ckpt), str(other)]
+    t = Translator.from_checkpoints([split_ckpt, other], device="cpu", beam=2, ensemble=True)
+    t.show_progress = False
+    sources = (split_ckpt.parent.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    assert (out / "hyp.de").read_text(encoding="utf-8").splitlines() == t.translate_lines(sources)

@@ -366,7 +366,11 @@ def translate(
 @app.command()
 def evaluate(
     testset: Annotated[
-        str | None, typer.Argument(help="newstest2013, newstest2014, ... (fetched via sacreBLEU).")
+        str | None,
+        typer.Argument(
+            help="newstest2013, newstest2014, ... (fetched via sacreBLEU), or test / valid: the checkpoint "
+            "config's own data.test / data.valid files."
+        ),
     ] = None,
     checkpoint: Annotated[
         list[Path],
@@ -399,8 +403,11 @@ def evaluate(
     newstest2014-filtered = 2737) come through sacreBLEU's downloader and cache
     (directory $SACREBLEU, default ~/.sacrebleu), in the checkpoint's language
     pair. Offline, pass local files: tmt evaluate newstest2014 -c avg.pt --src
-    newstest2014.en --ref newstest2014.de. Writes hyp.<lang> and scores.json to
-    --output (default: eval_<name> beside the checkpoint).
+    newstest2014.en --ref newstest2014.de. `tmt evaluate test -c CKPT` (or
+    valid) scores the raw files of the split the checkpoint's config names,
+    data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
+    it was trained in. Writes hyp.<lang> and scores.json to --output
+    (default: eval_<name> beside the checkpoint, e.g. eval_test).
     """
     from transformer_mt.evaluate import EvaluateError, evaluate_checkpoint
 

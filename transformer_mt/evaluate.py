@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.config import DataConfig
 from transformer_mt.data.clean import InputError
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
 from transformer_mt.data.testsets import TESTSETS, TestsetError, check_testset_name, fetch_testset
@@ -145,14 +146,42 @@ def format_scores(scores: dict[str, Any]) -> str:
 
 # -- test sets
 
+CONFIG_SPLITS = ("test", "valid")  # `tmt evaluate test|valid`: the raw files of the checkpoint config's data.test|valid
 
-def _inputs(testset: str | None, src: Path | None, ref: Path | None, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+
+def config_split(name: str, data: DataConfig, checkpoint: Path) -> tuple[Path, Path]:
+    """Source and reference of the config's own split ``name`` (test or valid): ``<prefix>.<src_lang|tgt_lang>``.
+
+    The raw text `tmt prepare` read, not the binarized split: scored as any
+    test set is. The prefix is relative to the directory training ran in.
+    """
+    prefix = getattr(data, name)
+    if not prefix:
+        raise EvaluateError(
+            f"{checkpoint}: its config has no {name} split (data.{name} is empty); name a test set "
+            f"({', '.join(TESTSETS)}) or pass --src and --ref"
+        )
+    files = Path(f"{prefix}.{data.src_lang}"), Path(f"{prefix}.{data.tgt_lang}")
+    for path in files:
+        if not path.is_file():
+            raise EvaluateError(
+                f"{path} not found: the config of {checkpoint} has data.{name}={prefix!r}, a path relative to the "
+                "directory it was trained in; run tmt evaluate from there, or pass --src and --ref"
+            )
+    return files
+
+
+def _inputs(
+    testset: str | None, src: Path | None, ref: Path | None, data: DataConfig, checkpoint: Path
+) -> tuple[Path, Path]:
     if src is not None and ref is not None:
         return src, ref
     if testset is None:
-        raise EvaluateError(f"name a test set ({', '.join(TESTSETS)}) or pass --src and --ref")
+        raise EvaluateError(f"name a test set ({', '.join((*TESTSETS, *CONFIG_SPLITS))}) or pass --src and --ref")
+    if testset in CONFIG_SPLITS:
+        return config_split(testset, data, checkpoint)
     try:
-        return fetch_testset(testset, src_lang, tgt_lang)
+        return fetch_testset(testset, data.src_lang, data.tgt_lang)
     except TestsetError as err:
         raise EvaluateError(str(err)) from None
 
@@ -172,9 +201,11 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
-    ``output`` defaults to ``eval_<name>`` beside the first checkpoint. With
-    ``--src``/``--ref`` a test set name, if given, only labels the results.
-    ``overrides`` are ``--set`` texts for the checkpoint's config (see
+    ``testset``: a named test set (sacreBLEU's), or ``test``/``valid``, the
+    checkpoint config's own split (`config_split`). ``output`` defaults to
+    ``eval_<name>`` beside the first checkpoint. With ``--src``/``--ref`` a
+    test set name, if given, only labels the results. ``overrides`` are
+    ``--set`` texts for the checkpoint's config (see
     `transformer_mt.decode.translate.override_config`). ``engine`` and
     ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
     """
@@ -182,7 +213,7 @@ def evaluate_checkpoint(
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
-    if testset is not None and src is None:
+    if testset is not None and src is None and testset not in CONFIG_SPLITS:
         try:
             check_testset_name(testset)  # before loading any model
         except TestsetError as err:
@@ -194,7 +225,7 @@ def evaluate_checkpoint(
     except TranslateError as err:
         raise EvaluateError(str(err)) from None
     data = translator.cfg.data
-    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data.src_lang, data.tgt_lang)
+    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
     sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")
     if len(sources) != len(refs):
         raise EvaluateError(
