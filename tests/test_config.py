@@ -206,5 +206,6 @@ def test_paper_configs_keep_every_deviation_off(name):
         "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0, 0.0,
     )  # fmt: skip
     assert t.min_warmup == 0
+    assert t.init_from == ""  # a new run starts from random weights, as the paper's did
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")

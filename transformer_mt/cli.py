@@ -204,6 +204,12 @@ def train(
     `tmt train CONFIG --nproc-per-node 8`; on several hosts run torchrun
     yourself: `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
     --rdzv-endpoint HOST:29500 -m transformer_mt train CONFIG` (docs/training.md).
+
+    Fine-tuning: `tmt train CONFIG --set train.init_from=runs/base/average.pt
+    --set train.save_dir=runs/tuned` starts a new run from that checkpoint's
+    weights, with a fresh optimizer and the schedule from update 0; the
+    vocabulary (the same spm.model in data.dir) and the model's shape must
+    be the checkpoint's. A run that resumes ignores train.init_from.
     """
     import os
 

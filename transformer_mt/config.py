@@ -87,6 +87,7 @@ class TrainConfig:
     """How the model is trained; defaults are the paper's base recipe."""
 
     save_dir: str = "runs/base"  # run directory: checkpoints, metrics, resolved config
+    init_from: str = ""  # fine-tuning: a new run starts from this checkpoint's weights (same vocabulary); "" off
     seed: int = 1
     max_tokens: int = 3125  # padded tokens per batch, counted on source and target separately
     update_freq: int = 8  # batches accumulated per update; tokens/update = max_tokens x update_freq x GPUs

@@ -35,6 +35,7 @@ from transformer_mt.model.transformer import count_parameters
 from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
+from transformer_mt.train.init_from import load_init_weights
 from transformer_mt.train.loss import perplexity
 from transformer_mt.train.run_files import (
     RunFiles,
@@ -120,6 +121,8 @@ class Trainer:
         # no bar there; _log_train prints a plain line every train.log_every updates instead.
         self.log_lines = not sys.stderr.isatty()
         resume = self._resume()
+        if tc.init_from:
+            self._init_from(resume)
         self.horizon_updates = self._horizon_updates()
         self.snapshots_done = self._snapshots_before(self._progress())
         self.files = RunFiles.open(self.save_dir, resume) if env.is_main else None
@@ -156,6 +159,26 @@ class Trainer:
         if self.env.is_main:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
+
+    def _init_from(self, resumed: int | None) -> None:
+        """train.init_from: a new run starts from that checkpoint's weights; a resumed run keeps its own."""
+        path = Path(self.cfg.train.init_from)
+        if resumed is not None:
+            if self.env.is_main:
+                tqdm.write(
+                    f"note: train.init_from={path} is ignored: {self.save_dir} holds this run's own checkpoints "
+                    f"and it resumes from them (update {resumed}); to fine-tune anew, use another train.save_dir",
+                    file=sys.stderr,
+                )
+            return
+        spm_path = self.data.dir / "spm.model"
+        update = load_init_weights(self.stepper.module, path, self.cfg.model, self.data.spm_model, spm_path)
+        if self.env.is_main:
+            tqdm.write(
+                f"fine-tuning: weights from {path} (update {update} of its run); a fresh optimizer and the "
+                "learning-rate schedule from update 0",
+                file=sys.stderr,
+            )
 
     def _resume_position(self, path: Path, batch_in_epoch: int, saved: TrainingState) -> int:
         """This rank's position in the epoch's batches: carried over, converted to this world size, or restarted.

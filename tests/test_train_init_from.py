@@ -1,0 +1,101 @@
+"""train.init_from: a new run from another checkpoint's weights, with its own optimizer, schedule and position."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
+from transformer_mt.config import Config
+from transformer_mt.train.checkpoint import checkpoint_name
+from transformer_mt.train.init_from import shape_mismatch
+from transformer_mt.train.schedule import Schedule
+from transformer_mt.train.step import TrainError
+from transformer_mt.train.trainer import train_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _cfg(cfg: Config, save_dir: Path, **train: object) -> Config:
+    train = {"num_threads": 1, "validate_every": 100, "log_every": 1, **train}
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
+
+
+@pytest.fixture(scope="module")
+def parent(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last checkpoint of a 4-update run from other random weights (seed 2): what fine-tuning starts from."""
+    run = tmp_path_factory.mktemp("parent") / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=4, seed=2))
+    return run / checkpoint_name(4)
+
+
+def test_a_new_run_starts_from_the_weights_with_a_fresh_optimizer_and_schedule(
+    prepared_toy: Config, parent: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "tuned"
+    result = train_model(_cfg(prepared_toy, run, max_updates=2, init_from=str(parent), save_every_updates=1))
+    assert result.update == 2
+    assert f"fine-tuning: weights from {parent} (update 4 of its run)" in capsys.readouterr().err
+    # the first update moved the parent's weights by one step of the new run (Adam's first step is about lr per
+    # weight), where a run from random weights would be far away
+    start, first = load_checkpoint(parent)["model"], load_checkpoint(run / checkpoint_name(1))
+    lr = Schedule.from_config(prepared_toy.train, prepared_toy.model.d_model).lr(1, 0.0)
+    weight = "decoder.0.ffn.fc1.weight"
+    assert 0 < float((first["model"][weight] - start[weight]).abs().max()) <= 1.01 * lr
+    # a fresh optimizer: Adam has taken 1 step after one update (the parent's took 4), and the schedule is at 1
+    assert {int(s["step"]) for s in first["optimizer"]["state"].values()} == {1}
+    assert first["update"] == 1 and first["epoch"] == 1
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in records if r.get("kind") == "train"]
+    assert lrs == pytest.approx([lr, Schedule.from_config(prepared_toy.train, prepared_toy.model.d_model).lr(2, 0.0)])
+    assert first["config"]["train"]["init_from"] == str(parent)
+
+
+def test_a_resumed_run_keeps_its_own_weights_and_says_so(
+    prepared_toy: Config, parent: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "tuned"
+    train_model(_cfg(prepared_toy, run, max_updates=1, init_from=str(parent)))
+    own = load_checkpoint(run / checkpoint_name(1))["model"]
+    capsys.readouterr()
+    result = train_model(_cfg(prepared_toy, run, max_updates=2, init_from=str(parent), save_every_updates=1))
+    err = capsys.readouterr().err
+    assert result.update == 2 and "resuming from" in err and "fine-tuning: weights" not in err
+    assert f"note: train.init_from={parent} is ignored" in err and "resumes from them (update 1)" in err
+    second = load_checkpoint(run / checkpoint_name(2))
+    assert {int(s["step"]) for s in second["optimizer"]["state"].values()} == {2}  # continued, not restarted
+    assert any(not torch.equal(own[k], second["model"][k]) for k in own)
+
+
+def test_another_vocabulary_is_refused_naming_both_files(prepared_toy: Config, parent: Path, tmp_path: Path) -> None:
+    state = load_checkpoint(parent)
+    state["spm_model"] = state["spm_model"][:-1]
+    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    spm = Path(prepared_toy.data.dir) / "spm.model"
+    with pytest.raises(
+        TrainError, match=rf"other_bpe\.pt was trained with another BPE vocabulary than {re.escape(str(spm))}"
+    ):
+        train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=1, init_from=str(tmp_path / "other_bpe.pt")))
+    assert not (tmp_path / "run" / checkpoint_name(1)).exists()
+
+
+def test_another_model_shape_is_refused_naming_the_keys(prepared_toy: Config, parent: Path, tmp_path: Path) -> None:
+    wider = dataclasses.replace(prepared_toy, model=dataclasses.replace(prepared_toy.model, d_ff=128, dropout=0.3))
+    with pytest.raises(TrainError, match=r"another shape than this config's \(model\.d_ff 64 there, 128 here\)"):
+        train_model(_cfg(wider, tmp_path / "run", max_updates=1, init_from=str(parent)))
+    more_dropout = dataclasses.replace(prepared_toy, model=dataclasses.replace(prepared_toy.model, dropout=0.3))
+    assert train_model(_cfg(more_dropout, tmp_path / "ok", max_updates=1, init_from=str(parent))).update == 1
+    with pytest.raises(TrainError, match=r"missing\.pt does not exist; .*train\.init_from=''"):
+        train_model(_cfg(prepared_toy, tmp_path / "run2", max_updates=1, init_from=str(tmp_path / "missing.pt")))
+
+
+def test_shape_mismatch_names_missing_extra_and_reshaped_weights() -> None:
+    a = {"w": torch.zeros(2, 3), "b": torch.zeros(3), "extra": torch.zeros(1)}
+    b = {"w": torch.zeros(3, 3), "b": torch.zeros(3), "norm": torch.zeros(3)}
+    assert shape_mismatch(a, b) == "norm missing; extra unexpected; w (2, 3) instead of (3, 3)"
+    assert shape_mismatch(b, b) == ""
