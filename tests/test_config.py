@@ -106,6 +106,8 @@ def test_cross_key_validation():
         load_config(None, ["train.max_updates=0"])
     with pytest.raises(ConfigError, match=r"model\.dropout must be in \[0, 1\)"):
         load_config(None, ["model.dropout=1.0"])
+    with pytest.raises(ConfigError, match=r"train\.pad_to_multiple must be 0 \(off\) or a multiple"):
+        load_config(None, ["train.pad_to_multiple=-8"])
 
 
 def test_validation_bleu_best_metric_and_patience_keys():
@@ -208,4 +210,5 @@ def test_paper_configs_keep_every_deviation_off(name):
     assert t.min_warmup == 0
     assert t.init_from == ""  # a new run starts from random weights, as the paper's did
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
+    assert (t.compile, t.pad_to_multiple) == (False, 0)  # speed keys, named and off: the paper's own shapes
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")

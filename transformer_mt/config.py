@@ -108,6 +108,7 @@ class TrainConfig:
         "auto"  # auto: bf16 on capable GPUs, fp16 on others, fp32 on CPU
     )
     compile: bool = False  # torch.compile the model
+    pad_to_multiple: int = 0  # pad each batch's lengths up to a multiple (8: few shapes to compile); 0 or 1: off
     max_updates: int = 100_000  # 0 disables this limit
     max_epochs: int = 0  # 0 disables this limit
     max_minutes: float = 0.0  # wall-clock training minutes, counted across resumes; 0 disables
@@ -316,6 +317,10 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
     _validate_schedule(cfg.train)
+    if cfg.train.pad_to_multiple < 0:
+        raise ConfigError(
+            f"train.pad_to_multiple must be 0 (off) or a multiple such as 8, got {cfg.train.pad_to_multiple}"
+        )
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:

@@ -91,6 +91,10 @@ class Batch:
     def __len__(self) -> int:
         return self.src.shape[0]
 
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory, so that ``to(cuda, non_blocking=True)`` copies asynchronously."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory())
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(
             self.src.to(device, non_blocking=non_blocking),
@@ -121,3 +125,22 @@ def collate(ds: ParallelDataset, indices: np.ndarray | list[int]) -> Batch:
         tgt_out[b, : len(t)] = t
         tgt_out[b, len(t)] = EOS
     return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out))
+
+
+def pad_to_multiple(batch: Batch, multiple: int, limit: int) -> Batch:
+    """``batch`` with its source and target lengths padded (PAD, on the right) up to a multiple of ``multiple``.
+
+    Padding is masked everywhere (attention keys, the loss), so the loss and
+    gradients are those of the unpadded batch up to float rounding; what
+    changes is the number of distinct tensor shapes, hence of `torch.compile`
+    recompilations. No length grows past ``limit`` (the model's
+    max_positions). ``multiple`` <= 1 returns the batch unchanged.
+    """
+    if multiple <= 1:
+        return batch
+
+    def padded(t: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, L')
+        length = min(-(-t.shape[1] // multiple) * multiple, max(limit, t.shape[1]))
+        return torch.nn.functional.pad(t, (0, length - t.shape[1]), value=PAD)
+
+    return Batch(padded(batch.src), padded(batch.tgt_in), padded(batch.tgt_out))

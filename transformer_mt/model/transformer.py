@@ -153,12 +153,14 @@ def key_mask(pad_mask: Tensor) -> Tensor:
     return (~pad_mask)[:, None, None, :]
 
 
-def padding_mask_or_none(pad_mask: Tensor) -> Tensor | None:
+def padding_mask_or_none(pad_mask: Tensor, training: bool = False) -> Tensor | None:
     """`key_mask(pad_mask)`, or None when nothing is padded: without a mask CUDA can use the flash kernel.
 
-    Under torch.compile the mask is always passed, so that this data-dependent test never breaks the graph.
+    Under torch.compile the mask is always passed, so that this data-dependent test never breaks the graph;
+    so it is in training on CUDA, where nearly every batch is padded anyway and the test would make the host
+    wait for the device at every forward.
     """
-    if torch.compiler.is_compiling() or bool(pad_mask.any()):
+    if torch.compiler.is_compiling() or (training and pad_mask.is_cuda) or bool(pad_mask.any()):
         return key_mask(pad_mask)
     return None
 
@@ -233,7 +235,7 @@ class Transformer(nn.Module):
         """
         src_pad_mask = src.eq(self.pad_id)  # (B, S)
         x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0)
-        mask = padding_mask_or_none(src_pad_mask)
+        mask = padding_mask_or_none(src_pad_mask, self.training)
         for layer in self.encoder:
             x = layer(x, mask, maps)
         if self.encoder_norm is not None:
@@ -275,7 +277,7 @@ class Transformer(nn.Module):
             )
         x = self._embed(self.embed, tgt_in, offset)  # (B, T, D)
         if cache is None:
-            cross_mask = padding_mask_or_none(enc.src_pad_mask)
+            cross_mask = padding_mask_or_none(enc.src_pad_mask, self.training)
             for layer in self.decoder:
                 k, v = layer.cross_attn.project_memory(enc.memory)
                 x = layer(x, k, v, cross_mask, None, maps=maps)

@@ -109,5 +109,13 @@ def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
     return Stepper(
         model, module, optimizer, scaler, env, precision, tc.label_smoothing, tc.clip_norm, tc.max_tokens,
-        tc.update_freq,
+        tc.update_freq, defer_sync=bool(optimizer.defaults.get("fused")),
     )  # fmt: skip
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far: the first compilation of a model, and one more per
+    recompilation (a new shape it could not reuse a graph for) or graph break. Read from dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

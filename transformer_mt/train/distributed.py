@@ -84,6 +84,13 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum ``t`` over ranks in place, on its device: unlike `all_reduce_sum`, the host does not wait for it."""
+    if env.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     """Every rank's ``obj``, in rank order (used for per-rank RNG states)."""
     if not env.distributed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -130,9 +131,32 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam(beta1, beta2, eps) as in the paper; AdamW (decoupled decay) only when ``weight_decay > 0``.
 
-    The initial lr is a placeholder: the trainer sets the scheduled lr before every update.
+    The initial lr is a placeholder: the trainer sets the scheduled lr before every update. On CUDA the
+    fused kernel (one launch for all parameters, and a step it can skip on the device, which keeps the
+    update free of host synchronization); elsewhere torch's default implementation, unchanged.
     """
-    kwargs = {"lr": 0.0, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps}
+    params = list(params)
+    kwargs: dict[str, Any] = {"lr": 0.0, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps}
+    if params and all(p.is_cuda for p in params):
+        kwargs["fused"] = True
     if cfg.weight_decay > 0:
         return torch.optim.AdamW(params, weight_decay=cfg.weight_decay, **kwargs)
     return torch.optim.Adam(params, **kwargs)
+
+
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")  # how Adam runs, not what it computes
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a saved optimizer state, keeping this optimizer's implementation (fused on CUDA, default on CPU).
+
+    A state dict carries its param groups' implementation flags and loading
+    adopts them, so without this a checkpoint written on a GPU would switch a
+    CPU run to the fused kernel (other rounding), and one written on a CPU
+    would leave a GPU run unfused with its step counts on the host.
+    """
+    groups = [
+        {**saved, **{k: mine[k] for k in IMPLEMENTATION_FLAGS if k in mine}}
+        for saved, mine in zip(state["param_groups"], optimizer.param_groups, strict=False)
+    ]  # a different number of groups is load_state_dict's error to report
+    optimizer.load_state_dict({**state, "param_groups": groups})

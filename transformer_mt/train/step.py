@@ -5,6 +5,13 @@ target tokens in the whole update (all batches, all ranks) before backward, so
 the gradient is the per-token mean whatever the batch sizes, accumulation or
 number of GPUs (DDP then averages over ranks, hence the extra factor
 ``world_size``). The training loop around it lives in ``trainer.py``.
+
+With a fused optimizer (on CUDA) an update never waits for the device: the
+token counts of DDP are summed on the device, the finiteness check and the
+skip of a non-finite update happen there too (the fused kernel's
+``found_inf``), and the update's figures stay on the device until the
+trainer logs them (``Stepper.defer_sync``). On CPU every figure is read at
+once, as the host has nothing to overlap.
 """
 
 from __future__ import annotations
@@ -15,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch
-from transformer_mt.train.distributed import DistEnv, all_reduce_sum
+from transformer_mt.train.distributed import DistEnv, all_reduce_, all_reduce_sum
 from transformer_mt.train.loss import label_smoothed_nll_loss
 from transformer_mt.train.schedule import set_lr
 
@@ -31,14 +38,22 @@ class TrainError(RuntimeError):
 
 @dataclass
 class UpdateStats:
-    """Sums over one update, all ranks: label-smoothed loss and NLL (nats), target tokens, sentences."""
+    """Sums over one update, all ranks: label-smoothed loss and NLL (nats), target tokens, sentences.
 
-    loss_sum: float = 0.0
-    nll_sum: float = 0.0
-    tokens: float = 0.0
-    sentences: float = 0.0
-    gnorm: float = 0.0
+    Floats, or with ``Stepper.defer_sync`` 0-dim tensors on the device that the
+    trainer reads only when it logs; ``stepped`` is then provisional, and
+    ``skipped`` (1.0 or 0.0, on the device) says whether the device skipped the
+    update after all, its figures zeroed.
+    """
+
+    loss_sum: float | Tensor = 0.0
+    nll_sum: float | Tensor = 0.0
+    tokens: float | Tensor = 0.0
+    sentences: float | Tensor = 0.0
+    gnorm: float | Tensor = 0.0
     stepped: bool = False
+    skipped: float | Tensor = 0.0  # deferred only: the device skipped this update (non-finite)
+    nonfinite: float | Tensor = 0.0  # deferred only: ... and it counts towards train.max_nonfinite (no fp16 overflow)
 
 
 @dataclass
@@ -55,6 +70,7 @@ class Stepper:
     clip_norm: float
     max_tokens: int = 0
     update_freq: int = 1
+    defer_sync: bool = False  # no host synchronization per update (a fused optimizer, which skips on the device)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -109,11 +125,14 @@ def accumulate_gradients(step: Stepper, batches: list[Batch | None]) -> UpdateSt
     env = step.env
     local_tokens = sum(b.num_tgt_tokens for b in batches if b is not None and len(b) > 0)
     local_sents = sum(len(b) for b in batches if b is not None)
-    total_tokens, total_sents = all_reduce_sum([float(local_tokens), float(local_sents)], env)
-    stats = UpdateStats(tokens=total_tokens, sentences=total_sents)
-    if total_tokens == 0:
-        return stats
-    norm = env.world_size / total_tokens if isinstance(step.model, DDP) else 1.0 / total_tokens
+    if step.defer_sync and env.distributed:
+        stats, norm = _device_counts(float(local_tokens), float(local_sents), env)
+    else:
+        total_tokens, total_sents = all_reduce_sum([float(local_tokens), float(local_sents)], env)
+        stats = UpdateStats(tokens=total_tokens, sentences=total_sents)
+        if total_tokens == 0:
+            return stats
+        norm = env.world_size / total_tokens if isinstance(step.model, DDP) else 1.0 / total_tokens
     sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # (loss, nll), on the device: one sync per update
     for i, batch in enumerate(batches):
         empty = batch is None or len(batch) == 0
@@ -128,8 +147,24 @@ def accumulate_gradients(step: Stepper, batches: list[Batch | None]) -> UpdateSt
                 raise TrainError(_oom_message(batch, step.max_tokens, step.update_freq)) from None
         if not empty:
             sums += torch.stack([loss.detach(), nll.detach()]).double()
-    stats.loss_sum, stats.nll_sum = all_reduce_sum(sums.tolist(), env)
+    if step.defer_sync:
+        stats.loss_sum, stats.nll_sum = all_reduce_(sums, env).unbind()
+    else:
+        stats.loss_sum, stats.nll_sum = all_reduce_sum(sums.tolist(), env)
     return stats
+
+
+def _device_counts(tokens: float, sentences: float, env: DistEnv) -> tuple[UpdateStats, Tensor]:
+    """The update's target tokens and sentences summed over ranks on the device, and the loss weight of DDP.
+
+    When no rank has a token every batch is a filler of weight 0, so the
+    clamp only keeps the weight finite; the update is then skipped.
+    """
+    counts = torch.empty(2, dtype=torch.float64, device=env.device)
+    counts[0], counts[1] = tokens, sentences  # filled on the device: torch.tensor(..., device) would wait for it
+    all_reduce_(counts, env)
+    norm = (env.world_size / counts[0].clamp_min(1.0)).float()
+    return UpdateStats(tokens=counts[0], sentences=counts[1]), norm
 
 
 def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats:
@@ -141,7 +176,9 @@ def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats
     params = [p for p in step.module.parameters() if p.grad is not None]
     step.scaler.unscale_(step.optimizer)
     grads = [p.grad for p in params]
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=step.env.device)
+    if step.defer_sync:
+        return _apply_on_device(step, stats, params, norm, lr)
     gnorm = float(norm)  # the one host sync of the update's gradients
     finite = math.isfinite(gnorm) and math.isfinite(stats.loss_sum)
     if finite and step.clip_norm > 0 and grads:
@@ -155,3 +192,56 @@ def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats
     step.optimizer.zero_grad(set_to_none=True)
     stats.gnorm, stats.stepped = gnorm, finite and stats.tokens > 0
     return stats
+
+
+def _apply_on_device(
+    step: Stepper, stats: UpdateStats, params: list[nn.Parameter], norm: Tensor, lr: float
+) -> UpdateStats:
+    """`apply_gradients` without waiting for the device: finiteness is checked and acted on there.
+
+    The fused optimizer skips its step (step counts included) where
+    ``found_inf`` is set, the protocol GradScaler uses with fused optimizers;
+    with fp16 the scaler itself sets it. The update's figures are zeroed when
+    it is skipped, and ``skipped`` tells the trainer, which reads it at its
+    next log line, validation or checkpoint (`Trainer._settle`).
+    """
+    loss = _on_device(stats.loss_sum, norm.device)
+    has_tokens = _on_device(stats.tokens, norm.device) > 0
+    finite = torch.isfinite(norm) & torch.isfinite(loss) & has_tokens
+    if step.clip_norm > 0 and params:
+        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)  # a skipped step ignores the result
+    set_lr(step.optimizer, lr)
+    if step.scaler.is_enabled():
+        step.scaler.step(step.optimizer)  # skips on the device when the scaled gradients overflowed
+        step.scaler.update()
+    else:
+        step.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        try:
+            step.optimizer.step()
+        finally:
+            del step.optimizer.found_inf  # type: ignore[attr-defined]
+    step.optimizer.zero_grad(set_to_none=True)
+    zero = torch.zeros((), dtype=torch.float64, device=norm.device)
+
+    def kept(value: float | Tensor) -> Tensor:  # the figure, or 0 when the update was skipped
+        return torch.where(finite, _on_device(value, norm.device).double(), zero)
+
+    skipped = has_tokens & ~finite
+    overflow = step.scaler.is_enabled() & torch.isfinite(loss)  # the loss scaler's business, not a divergence
+    return UpdateStats(
+        loss_sum=kept(stats.loss_sum), nll_sum=kept(stats.nll_sum), tokens=kept(stats.tokens),
+        sentences=kept(stats.sentences), gnorm=kept(norm), stepped=not _known_empty(stats),
+        skipped=skipped.double(), nonfinite=(skipped & ~overflow).double(),
+    )  # fmt: skip
+
+
+def _known_empty(stats: UpdateStats) -> bool:
+    """Whether the host already knows the update had no target token (one process: counted on the host)."""
+    return not isinstance(stats.tokens, Tensor) and stats.tokens == 0
+
+
+def _on_device(value: float | Tensor, device: torch.device) -> Tensor:
+    """``value`` as a tensor on ``device``; a float is filled in there, since copying one from the host would wait."""
+    if isinstance(value, Tensor):
+        return value
+    return torch.full((), float(value), dtype=torch.float64, device=device)

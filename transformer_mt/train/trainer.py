@@ -30,13 +30,15 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, write_checkpoint
 from transformer_mt.config import Config, ConfigError, config_from_dict
 from transformer_mt.data.batching import epoch_batches, resume_position
-from transformer_mt.data.dataset import collate
-from transformer_mt.model.transformer import count_parameters
-from transformer_mt.train.build import build_stepper, load_run_data
+from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
+from transformer_mt.model.transformer import count_parameters, flops_per_token
+from transformer_mt.train.build import build_stepper, compiled_graphs, load_run_data
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.init_from import load_init_weights
 from transformer_mt.train.loss import perplexity
+from transformer_mt.train.mfu import device_peak_flops, throughput_figures
+from transformer_mt.train.prefetch import prefetched
 from transformer_mt.train.run_files import (
     RunFiles,
     batching_changes,
@@ -46,7 +48,7 @@ from transformer_mt.train.run_files import (
     write_config,
 )
 from transformer_mt.train.run_lock import hold_run_dir
-from transformer_mt.train.schedule import Schedule, horizon_progress
+from transformer_mt.train.schedule import Schedule, horizon_progress, load_optimizer_state
 from transformer_mt.train.step import TrainError, UpdateStats, accumulate_gradients, apply_gradients
 from transformer_mt.train.validation import ValidBleu, unconverged, validate
 
@@ -72,15 +74,22 @@ class TrainResult:
 
 @dataclass
 class Window:
-    """Sums over the updates since the last metric line (all ranks): what a `train` record averages."""
+    """Sums over the updates since the last metric line (all ranks): what a `train` record averages.
 
-    loss: float = 0.0  # label-smoothed loss, nats, summed over target tokens
-    nll: float = 0.0
-    tokens: float = 0.0  # target tokens
-    sentences: float = 0.0
-    gnorm: float = 0.0  # summed over updates
-    updates: int = 0
+    With a stepper that defers host synchronization the sums are device
+    tensors until `settle` reads them all at once (the update's only wait).
+    """
+
+    loss: float | torch.Tensor = 0.0  # label-smoothed loss, nats, summed over target tokens
+    nll: float | torch.Tensor = 0.0
+    tokens: float | torch.Tensor = 0.0  # target tokens
+    sentences: float | torch.Tensor = 0.0
+    gnorm: float | torch.Tensor = 0.0  # summed over updates
+    updates: int = 0  # counted on the host, skipped ones included until `settle`
     start: float = field(default_factory=time.monotonic)  # seconds, monotonic clock
+    skipped: float | torch.Tensor = 0.0  # updates the device skipped (non-finite), not yet settled
+    nonfinite_run: float | torch.Tensor = 0.0  # non-finite updates in a row up to the latest (kept by `reset`)
+    worst_run: float | torch.Tensor = 0.0  # the longest such run since the last `settle`
 
     def add(self, stats: UpdateStats) -> None:
         self.loss += stats.loss_sum
@@ -89,9 +98,22 @@ class Window:
         self.sentences += stats.sentences
         self.gnorm += stats.gnorm
         self.updates += 1
+        if isinstance(stats.skipped, torch.Tensor):  # deferred: the run of non-finite updates, on the device
+            self.skipped = stats.skipped + self.skipped
+            self.nonfinite_run = (self.nonfinite_run + stats.nonfinite) * stats.nonfinite
+            run, worst = self.nonfinite_run, self.worst_run
+            self.worst_run = torch.maximum(run, worst) if isinstance(worst, torch.Tensor) else run.clamp_min(worst)
+
+    def settle(self) -> None:
+        """Read every figure still on the device into floats, in one host synchronization."""
+        names = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
+        if names:
+            values = torch.stack([getattr(self, n).double() for n in names]).tolist()
+            for name, value in zip(names, values, strict=True):
+                setattr(self, name, value)
 
     def reset(self) -> None:
-        self.loss = self.nll = self.tokens = self.sentences = self.gnorm = 0.0
+        self.loss = self.nll = self.tokens = self.sentences = self.gnorm = self.skipped = self.worst_run = 0.0
         self.updates, self.start = 0, time.monotonic()
 
 
@@ -116,7 +138,15 @@ class Trainer:
         self.last_valid_nll: float | None = None  # NLL of this process's last validation
         self.last_save_update = -1
         self.start_time = self.last_save_time = time.monotonic()
-        self._epoch_cache: tuple[int, list[np.ndarray]] | None = None  # (epoch, this rank's batches of it)
+        self._epoch_cache: dict[int, list[np.ndarray]] = {}  # this rank's batches of the current (and next) epoch
+        self.window = Window()  # the updates since the last metric line
+        ds = self.data.train
+        self.flops_per_token = flops_per_token(
+            cfg.model, self.data.vocab_size, float(ds.src_lens.mean()), float(ds.tgt_lens.mean())
+        )  # at the data's mean lengths, as the start record's (MFU counts real tokens, never padding)
+        peak = device_peak_flops(env.device)
+        self.peak_flops = None if peak is None else peak * env.world_size  # every device's tokens are counted
+        self.graphs_before = compiled_graphs() if tc.compile else 0  # graphs torch.compile built before this run
         # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
         # no bar there; _log_train prints a plain line every train.log_every updates instead.
         self.log_lines = not sys.stderr.isatty()
@@ -149,7 +179,7 @@ class Trainer:
                 "use a new train.save_dir, or restore the model section the run was started with"
             )
         self.stepper.module.load_state_dict(ck.model)
-        self.stepper.optimizer.load_state_dict(ck.training.optimizer)
+        load_optimizer_state(self.stepper.optimizer, ck.training.optimizer)
         if ck.training.scaler:
             self.stepper.scaler.load_state_dict(ck.training.scaler)
         p = self.progress = ck.progress
@@ -363,6 +393,12 @@ class Trainer:
             "(train.warmup_fraction, train.min_warmup)"
         )
 
+    def _compile_note(self) -> str:
+        """How many graphs torch.compile built for this run: the first compilation, then one per recompilation."""
+        graphs, multiple = compiled_graphs() - self.graphs_before, self.cfg.train.pad_to_multiple
+        shapes = f"lengths padded to multiples of {multiple}" if multiple > 1 else "train.pad_to_multiple off"
+        return f"torch.compile: {graphs} graph(s) compiled ({max(graphs - 1, 0)} recompilation(s); {shapes})"
+
     def _warn(self, reason: str, message: str) -> None:
         """A warning on stderr and as a ``warning`` record in metrics.jsonl (rank 0)."""
         assert self.files is not None
@@ -427,11 +463,13 @@ class Trainer:
 
     # -- the loop
 
-    def _epoch_batches(self) -> list[np.ndarray]:
-        """This rank's batches of the current epoch, computed once per epoch (seconds on WMT's 4.5M sentences)."""
-        ds, tc, env, epoch = self.data.train, self.cfg.train, self.env, self.progress.epoch
-        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
-            return self._epoch_cache[1]
+    def _epoch_batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` (default: the current one), computed once per epoch (seconds on
+        WMT's 4.5M sentences); the current and the next epoch are kept, as batches are read one update ahead."""
+        ds, tc, env = self.data.train, self.cfg.train, self.env
+        epoch = self.progress.epoch if epoch is None else epoch
+        if epoch in self._epoch_cache:
+            return self._epoch_cache[epoch]
         batches = epoch_batches(
             ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, env.rank, env.world_size, self.data.max_len
         )
@@ -441,35 +479,51 @@ class Trainer:
                 f"(min of train.max_tokens={tc.max_tokens} and model.max_positions={self.cfg.model.max_positions}); "
                 "raise train.max_tokens"
             )
-        self._epoch_cache = (epoch, batches)
+        self._epoch_cache = {e: b for e, b in self._epoch_cache.items() if e >= self.progress.epoch}
+        self._epoch_cache[epoch] = batches
         return batches
 
-    def _updates(self) -> Iterator[list[np.ndarray]]:
+    def _updates(self) -> Iterator[tuple[list[np.ndarray], int, int]]:
         """This rank's batch groups, one per update, from the saved position on; ends when an epoch limit is hit.
 
-        It owns the position in the epoch: ``progress.batch_in_epoch`` moves
-        past a group as the group is handed out, so a checkpoint written after
-        that update records where the next one starts; the next epoch begins
-        when the next group is asked for.
+        Each group comes with the position after it: (epoch, batches of it
+        consumed). `run` moves ``progress`` there as it trains on the group,
+        not when the group is read (one update ahead, `prefetched`), so a
+        checkpoint written after an update records where the next one starts.
         """
         p, tc = self.progress, self.cfg.train
         if tc.patience > 0 and p.stale_validations >= tc.patience:  # resumed after patience had stopped it
             self.stop_reason = f"patience={tc.patience}"
             return
+        epoch, position = p.epoch, p.batch_in_epoch
         while True:
-            batches = self._epoch_batches()
-            while p.batch_in_epoch < len(batches):
-                group = batches[p.batch_in_epoch : p.batch_in_epoch + tc.update_freq]
-                p.batch_in_epoch += len(group)
-                yield group
-            if tc.max_epochs > 0 and p.epoch >= tc.max_epochs:
-                self.stop_reason = f"max_epochs={tc.max_epochs}"
-                return
-            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+            batches = self._epoch_batches(epoch)
+            while position < len(batches):
+                group = batches[position : position + tc.update_freq]
+                position += len(group)
+                yield group, epoch, position
+            if tc.max_epochs > 0 and epoch >= tc.max_epochs:
+                return  # `run` names the stop once the last group has trained, not when it is read
+            epoch, position = epoch + 1, 0
+
+    def _collate(self, item: tuple[list[np.ndarray], int, int]) -> list[Batch | None]:
+        """The padded batches of one update (None: an empty shard), pinned on CUDA; run in the background."""
+        group, tc = item[0], self.cfg.train
+        pin = self.env.device.type == "cuda"
+        batches: list[Batch | None] = []
+        for idx in group:
+            if not len(idx):
+                batches.append(None)
+                continue
+            batch = pad_to_multiple(collate(self.data.train, idx), tc.pad_to_multiple, self.cfg.model.max_positions)
+            batches.append(batch.pin_memory() if pin else batch)
+        return batches
 
     def _time_flags(self) -> tuple[bool, bool]:
         """(stop, save) by the wall clock, agreed by all ranks (any rank's clock can trigger)."""
         tc, now = self.cfg.train, time.monotonic()
+        if self.stepper.defer_sync and self.env.distributed and self.progress.update % tc.log_every:
+            return False, False  # agreeing is a collective the host waits for: GPUs under DDP ask at log lines
         stop = tc.max_minutes > 0 and self._minutes() >= tc.max_minutes
         save = tc.save_every_minutes > 0 and now - self.last_save_time >= tc.save_every_minutes * 60
         stop_n, save_n = all_reduce_sum([float(stop), float(save)], self.env)
@@ -483,22 +537,24 @@ class Trainer:
             total=self.horizon_updates or None, initial=p.update, disable=not self.env.is_main or self.log_lines,
             file=sys.stderr, unit="upd", dynamic_ncols=True, desc="train",
         )  # fmt: skip
-        window = Window()
+        window = self.window
         if tc.max_updates > 0 and p.update >= tc.max_updates:
             self.stop_reason = f"max_updates={tc.max_updates}"
         else:
-            for group in self._updates():
-                stats = self._update(group)
+            for (_, epoch, position), batches in prefetched(self._updates(), self._collate):
+                p.epoch, p.batch_in_epoch = epoch, position
+                stats = self._update(batches)
                 self._after_update(stats, window, bar)
                 self._save_or_stop(stats)
                 if self.stop_reason:
                     break
+            else:
+                self.stop_reason = self.stop_reason or f"max_epochs={tc.max_epochs}"  # every group of the last epoch
         bar.close()
         return self._finish()
 
-    def _update(self, group: list[np.ndarray]) -> UpdateStats:
-        """One update from this rank's batches ``group`` (every rank takes part): gradients, lr, optimizer step."""
-        batches = [collate(self.data.train, idx) if len(idx) else None for idx in group]
+    def _update(self, batches: list[Batch | None]) -> UpdateStats:
+        """One update from this rank's ``batches`` (every rank takes part): gradients, lr, optimizer step."""
         stats = accumulate_gradients(self.stepper, batches)
         update = self.progress.update + 1
         self.lr = self.schedule.lr(update, self._progress(update))
@@ -511,8 +567,13 @@ class Trainer:
         snapshot = self._snapshot_due()  # always: it advances the snapshot count even when a save is due anyway
         periodic = tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0
         if stats.stepped and (periodic or time_save or snapshot):
+            self._settle()
             self._save()
-        if tc.max_updates > 0 and p.update >= tc.max_updates:
+        at_limit = tc.max_updates > 0 and p.update >= tc.max_updates
+        if at_limit:
+            self._settle()  # the count may include updates the device skipped, unseen by the host so far
+            at_limit = p.update >= tc.max_updates
+        if at_limit:
             self.stop_reason = f"max_updates={tc.max_updates}"
         elif time_stop:
             self.stop_reason = f"max_minutes={tc.max_minutes}"
@@ -526,21 +587,66 @@ class Trainer:
         p.update += 1
         self.nonfinite_in_row = 0
         window.add(stats)
+        log = p.update % tc.log_every == 0
+        if log:
+            self._settle()
         if self.env.is_main:
-            tokens = max(window.tokens, 1.0)
-            seconds = max(time.monotonic() - window.start, 1e-9)
             bar.update(1)
-            bar.set_postfix(
-                loss=f"{window.loss / tokens:.3f}", ppl=f"{perplexity(window.nll / tokens):.1f}",
-                lr=f"{self.lr:.2e}", tok_s=f"{window.tokens / seconds:,.0f}", left=self._time_left(),
-                refresh=False,
-            )  # fmt: skip
-            if p.update % tc.log_every == 0:
-                self._log_train(window, seconds)
-        if p.update % tc.log_every == 0:
+            if log or not self.stepper.defer_sync:  # deferred figures are read at log lines only
+                self._show(window, bar, log)
+        if log:
             window.reset()
         if tc.validate_every > 0 and p.update % tc.validate_every == 0:
+            self._settle()
             self._validate()
+
+    def _show(self, window: Window, bar: tqdm, log: bool) -> None:
+        """The progress bar's figures, and at a log line the `train` record (rank 0)."""
+        tokens = max(float(window.tokens), 1.0)
+        seconds = max(time.monotonic() - window.start, 1e-9)
+        bar.set_postfix(
+            loss=f"{window.loss / tokens:.3f}", ppl=f"{perplexity(window.nll / tokens):.1f}",
+            lr=f"{self.lr:.2e}", tok_s=f"{window.tokens / seconds:,.0f}", left=self._time_left(),
+            refresh=False,
+        )  # fmt: skip
+        if log:
+            self._log_train(window, seconds)
+
+    def _settle(self) -> None:
+        """Read the device's figures of the updates since the last metric line, and uncount those it skipped.
+
+        Only a stepper that defers host synchronization leaves anything to read:
+        it counts every update as taken and the device skips a non-finite one
+        (`step._apply_on_device`), so the host learns of a skip here, at the
+        next log line, validation, checkpoint or update limit. Until then the
+        learning rate runs one update ahead per unseen skip. The stop rule
+        (train.max_nonfinite in a row) and the fp16 loss-scale floor are
+        checked here too.
+        """
+        window, p, tc = self.window, self.progress, self.cfg.train
+        window.settle()
+        skipped = round(window.skipped)
+        if skipped:
+            p.update -= skipped
+            window.updates -= skipped
+            window.skipped = 0.0
+            if self.env.is_main and not self.stepper.scaler.is_enabled():  # fp16 overflows are the scaler's business
+                tqdm.write(
+                    f"warning: {skipped} update(s) up to update {p.update} had a non-finite loss or gradient; skipped",
+                    file=sys.stderr,
+                )
+        if window.worst_run >= tc.max_nonfinite:
+            raise TrainError(
+                f"{round(window.worst_run)} updates in a row had a non-finite loss or gradient (by update "
+                f"{p.update}); lower train.lr_scale (now {tc.lr_scale}), set train.clip_norm (e.g. 1.0), or use "
+                "train.precision=bf16 instead of fp16"
+            )
+        window.worst_run = window.nonfinite_run
+        if skipped and self.stepper.scaler.is_enabled() and self.stepper.scaler.get_scale() < MIN_FP16_SCALE:
+            raise TrainError(
+                f"fp16 loss scale fell below {MIN_FP16_SCALE} by update {p.update}: gradients keep overflowing; "
+                "use train.precision=bf16 (or fp32), lower train.lr_scale or set train.clip_norm"
+            )
 
     def _log_train(self, window: Window, seconds: float) -> None:
         p, tokens, updates = self.progress, max(window.tokens, 1.0), max(window.updates, 1)
@@ -558,14 +664,19 @@ class Trainer:
             "tgt_tokens_per_s": window.tokens / seconds,
             "minutes": self._minutes(),
             "progress": self._progress(),
+            **throughput_figures(self.flops_per_token, window.tokens / seconds, self.peak_flops),
         }
+        if self.cfg.train.compile:
+            record["compiled_graphs"] = compiled_graphs() - self.graphs_before
         self.files.log(record)
         if self.log_lines:
             total = f"/{self.horizon_updates}" if self.horizon_updates else ""
+            mfu = f", MFU {record['mfu']:.1%}" if "mfu" in record else ""
             tqdm.write(
                 f"train update {p.update}{total} epoch {p.epoch}: loss {record['loss']:.4f} ppl {record['ppl']:.2f} "
-                f"lr {record['lr']:.2e} tgt tok/s {record['tgt_tokens_per_s']:,.0f} ({record['minutes']:.1f} min, "
-                f"{self._bound()}, {self._time_left()} left)",
+                f"lr {record['lr']:.2e} tgt tok/s {record['tgt_tokens_per_s']:,.0f}, model TFLOP/s "
+                f"{record['model_tflops']:.3g}{mfu} ({record['minutes']:.1f} min, {self._bound()}, "
+                f"{self._time_left()} left)",
                 file=sys.stderr,
             )
 
@@ -594,6 +705,7 @@ class Trainer:
 
     def _finish(self) -> TrainResult:
         p = self.progress
+        self._settle()
         nll = self.last_valid_nll
         if p.valid_update != p.update:
             _, nll = self._validate()
@@ -607,6 +719,8 @@ class Trainer:
                 f"best {p.best_valid_loss:.4f}{bleu}; checkpoints in {self.save_dir}",
                 file=sys.stderr,
             )
+            if self.cfg.train.compile:
+                tqdm.write(self._compile_note(), file=sys.stderr)
             for reason, message in warnings:
                 self._warn(reason, message)
             self.files.log(
