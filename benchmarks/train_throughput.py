@@ -16,6 +16,13 @@ torch.optim.Adam. Each implementation runs in its own process (so peak memory
 is its own), alternating tmt/peer for --repeats rounds; the medians and the
 ratio tmt/peer are printed. Runs on one busy machine differ by 10-25%, so
 compare the ratio within one run, not figures across runs.
+
+``--impl tmt`` measures tmt alone (`benchmarks/gpu_check.sh` does, for base
+and big, eager and compiled); ``--max-seconds S`` ends the timed updates
+once S seconds have passed, so that a slow device or a long compilation
+cannot hold a run up; ``--set train.pad_to_multiple=8`` pads the batches as
+training does, which bounds the shapes ``--set train.compile=true`` sees. On
+CUDA tmt's update is the trainer's: fused Adam, nothing read back per update.
 """
 
 from __future__ import annotations
@@ -38,42 +45,14 @@ from torch import nn
 from transformer_mt.config import Config, config_from_dict, load_config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, shuffle_batches
 from transformer_mt.data.bpe import BOS, EOS, PAD
-from transformer_mt.data.dataset import Batch
+from transformer_mt.data.dataset import Batch, pad_to_multiple
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.mfu import peak_tflops
 from transformer_mt.train.schedule import build_optimizer
 from transformer_mt.train.step import Stepper, accumulate_gradients, apply_gradients, autocast, resolve_precision
 
-# bf16 dense tensor-core peaks, TFLOP/s (vendor datasheets, without sparsity), matched by substring of the name.
-PEAK_BF16_TFLOPS = {
-    "H200": 989.0,
-    "H100 SXM": 989.0,
-    "H100 NVL": 835.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,  # "NVIDIA H100 80GB HBM3" is the SXM part
-    "H800": 989.0,
-    "GH200": 989.0,
-    "B200": 2250.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "L40S": 362.0,
-    "L40": 181.0,
-    "L4": 121.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "V100": 125.0,  # fp16 tensor cores (V100 has no bf16)
-    "T4": 65.0,  # fp16
-}
-
 LENGTHS = (10, 40)  # tokens per sentence on each side, before EOS/BOS
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The bf16 dense peak of a GPU by name (longest matching key wins), None when unknown."""
-    matches = [k for k in PEAK_BF16_TFLOPS if k.lower() in device_name.lower()]
-    return PEAK_BF16_TFLOPS[max(matches, key=len)] if matches else None
 
 
 def synthetic_batches(vocab_size: int, max_tokens: int, count: int, seed: int) -> list[Batch]:
@@ -149,8 +128,11 @@ def _peer_update(model, optimizer, batch: Batch, precision: str, eps: float) -> 
     optimizer.zero_grad(set_to_none=True)
 
 
-def _measure(impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, threads: int) -> dict[str, Any]:
-    """Run in a child process: build ``impl``, train ``warmup`` + ``steps`` updates, time the last ``steps``."""
+def _measure(
+    impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, threads: int, max_seconds: float = 0.0
+) -> dict[str, Any]:
+    """Run in a child process: build ``impl``, train ``warmup`` + ``steps`` updates, time the last ``steps``
+    (fewer when ``max_seconds`` > 0 runs out first)."""
     cfg = config_from_dict(cfg_dict)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -158,15 +140,17 @@ def _measure(impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, thre
     precision = resolve_precision(cfg.train.precision, device)
     vocab = cfg.bpe.vocab_size
     batches = synthetic_batches(vocab, cfg.train.max_tokens, warmup + steps, seed)
-    batches = [b.to(device) for b in batches]
+    limit = cfg.model.max_positions
+    batches = [pad_to_multiple(b, cfg.train.pad_to_multiple, limit).to(device) for b in batches]
     torch.manual_seed(seed)
     if impl == "tmt":
         module = Transformer(cfg.model, vocab, PAD).to(device)
         model = torch.compile(module) if cfg.train.compile else module
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         env = DistEnv(0, 1, 0, device, True)
-        step = Stepper(model, module, build_optimizer(module.parameters(), cfg.train), scaler, env, precision,
-                       cfg.train.label_smoothing, cfg.train.clip_norm)  # fmt: skip
+        opt = build_optimizer(module.parameters(), cfg.train)
+        step = Stepper(model, module, opt, scaler, env, precision, cfg.train.label_smoothing, cfg.train.clip_norm,
+                       defer_sync=bool(opt.defaults.get("fused")))  # fmt: skip
 
         def update(batch: Batch) -> None:
             apply_gradients(step, accumulate_gradients(step, [batch]), lr=1e-4)
@@ -185,13 +169,16 @@ def _measure(impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, thre
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    timed = []
     for batch in batches[warmup:]:
         update(batch)
+        timed.append(batch)
+        if max_seconds > 0 and time.perf_counter() - start > max_seconds:
+            break
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    timed = batches[warmup:]
-    tokens = sum(b.num_tgt_tokens for b in timed)
+    tokens = sum(b.num_tgt_tokens for b in timed)  # padding excluded: MFU counts real tokens
     src_len = sum(b.num_src_tokens for b in timed) / sum(len(b) for b in timed)
     tgt_len = tokens / sum(len(b) for b in timed)
     fpt = flops_per_token(cfg.model, vocab, src_len, tgt_len)
@@ -211,6 +198,8 @@ def _measure(impl: str, cfg_dict: dict, steps: int, warmup: int, seed: int, thre
         "peak_memory_bytes": peak_mem,
         "seconds_per_update": seconds / len(timed),
         "tgt_tokens_per_update": tokens / len(timed),
+        "timed_updates": len(timed),
+        "compiled": cfg.train.compile,
     }
 
 
@@ -244,6 +233,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def format_one(tmt: dict[str, Any]) -> str:
+    """The figures of tmt alone (``--impl tmt``), as a table of one row."""
+    mfu = f"{100 * tmt['mfu']:.1f}%" if tmt["mfu"] is not None else "n/a"
+    return "\n".join([
+        f"device: {tmt['device']}, precision {tmt['precision']}, {tmt['params'] / 1e6:.1f}M parameters, "
+        f"{tmt['tgt_tokens_per_update']:.0f} target tokens per update, compiled: {tmt['compiled']}",
+        "",
+        "| tgt tok/s | model TFLOP/s | MFU | peak memory | s/update | timed updates |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| {tmt['tgt_tokens_per_s']:,.0f} | {tmt['flops_per_s'] / 1e12:,.1f} | {mfu} | "
+        f"{tmt['peak_memory_bytes'] / 2**20:,.0f} MiB | {tmt['seconds_per_update']:.3f} | {tmt['timed_updates']} |",
+    ])  # fmt: skip
+
+
 def format_table(tmt: dict[str, Any], peer: dict[str, Any]) -> str:
     rows = [("tmt", tmt), ("torch.nn.Transformer", peer)]
     lines = [
@@ -273,17 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of tmt + peer; medians are reported")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--impl", choices=["both", "tmt"], default="both", help="tmt: measure tmt alone, no peer")
+    parser.add_argument("--max-seconds", type=float, default=0.0, help="end the timed updates after this (0: never)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    runs: dict[str, list[dict[str, Any]]] = {"tmt": [], "peer": []}
+    impls = ("tmt",) if args.impl == "tmt" else ("tmt", "peer")
+    runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
     for r in range(args.repeats):
-        for impl in ("tmt", "peer"):
-            result = run_isolated((impl, cfg.to_dict(), args.steps, args.warmup, args.seed, args.threads))
+        for impl in impls:
+            measured = (impl, cfg.to_dict(), args.steps, args.warmup, args.seed, args.threads, args.max_seconds)
+            result = run_isolated(measured)
             runs[impl].append(result)
             print(f"round {r + 1}/{args.repeats} {impl}: {result['tgt_tokens_per_s']:,.0f} tgt tok/s", file=sys.stderr)
-    tmt, peer = summarize(runs["tmt"]), summarize(runs["peer"])
-    print(format_table(tmt, peer))
+    tmt = summarize(runs["tmt"])
+    peer = summarize(runs["peer"]) if "peer" in runs else None
+    print(format_table(tmt, peer) if peer else format_one(tmt))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"tmt": tmt, "peer": peer, "runs": runs, "config": cfg.to_dict()}, f, indent=2)
