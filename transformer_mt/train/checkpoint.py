@@ -15,11 +15,6 @@ from pathlib import Path
 
 from transformer_mt.checkpoint import Checkpoint, CheckpointError, checkpoint_problem, read_checkpoint
 
-# The raw file I/O of transformer_mt.checkpoint, importable here too while benchmarks/multi30k_race.py,
-# tests/test_decode_translate.py and tests/test_export.py import it from here.
-from transformer_mt.checkpoint import load_checkpoint as load_checkpoint
-from transformer_mt.checkpoint import save_checkpoint as save_checkpoint
-
 CHECKPOINT_RE = re.compile(r"^checkpoint_u(\d+)\.pt$")
 BEST_NAME = "checkpoint_best.pt"
 

@@ -42,6 +42,7 @@ def warmup_ramp(step: int, progress: float, schedule: Schedule) -> float:
     f, floor = schedule.warmup_fraction, schedule.min_warmup
     if f <= 0:
         return step / schedule.warmup
+    progress = min(max(progress, 0.0), 1.0)
     ramp = progress / f
     if floor > 0:
         ramp = min(ramp, max(step / floor, progress / FLOOR_CAP))
@@ -110,7 +111,7 @@ class Schedule:
 
     def warming_up(self, step: int, progress: float) -> bool:
         """Whether update ``step`` is still inside the warmup: a run stopped there has not trained at full lr."""
-        return warmup_ramp(step, min(max(progress, 0.0), 1.0), self) < 1.0
+        return warmup_ramp(step, progress, self) < 1.0
 
 
 def horizon_progress(update: int, minutes: float, max_updates: int, max_minutes: float) -> float:
