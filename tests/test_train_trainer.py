@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,8 +79,12 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
 
 @pytest.mark.slow
 def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp_path, capsys):
-    """12 updates, crash, resume, 12 more == 24 straight (dropout on, update_freq 2, crossing an epoch)."""
-    common = dict(max_tokens=2048, update_freq=2, validate_every=6, save_every_updates=4, log_every=4, keep_last=50)
+    """12 updates, crash, resume, 12 more == 24 straight (dropout on, update_freq 2, crossing an epoch).
+
+    The newest checkpoint (12) is damaged and the older periodic ones hold only weights, so the run resumes
+    from the best one (the validation at update 10), which keeps its training state.
+    """
+    common = dict(max_tokens=2048, update_freq=2, validate_every=5, save_every_updates=4, log_every=4, keep_last=50)
     assert prepared_toy.model.dropout > 0
     straight = tmp_path / "straight"
     train_model(_cfg(prepared_toy, straight, max_updates=24, **common))
@@ -90,7 +96,7 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
     capsys.readouterr()
     result = train_model(_cfg(prepared_toy, interrupted, max_updates=24, **common))
     err = capsys.readouterr().err
-    assert f"skipping {newest}" in err and f"resuming from {interrupted / checkpoint_name(8)} at update 8" in err
+    assert f"skipping {newest}" in err and f"resuming from {interrupted / BEST_NAME} at update 10" in err
     assert result.epoch == 2  # the run crossed into the second epoch
 
     a = load_checkpoint(straight / checkpoint_name(24))
@@ -107,7 +113,55 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
         return [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] in ("train", "valid")]
 
     assert trajectory(interrupted) == trajectory(straight)
-    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, 8]
+    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, 10]
+
+
+_KILLED_BEFORE_STRIPPING = """
+import os, signal, sys
+from transformer_mt.config import load_config
+from transformer_mt.train import trainer
+
+saves = []
+def killed(run_dir, newest):  # the second save: its checkpoint written, the one before not yet stripped
+    saves.append(newest)
+    if len(saves) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer.strip_older_checkpoints = killed
+trainer.train_model(load_config(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_between_writing_a_checkpoint_and_stripping_the_one_before(prepared_toy, tmp_path):
+    """Killed at update 8 with checkpoints 4 and 8 both whole: the resumed run equals a straight one."""
+    common = dict(max_tokens=2048, validate_every=100, save_every_updates=4, keep_last=50)
+    straight = tmp_path / "straight"
+    train_model(_cfg(prepared_toy, straight, max_updates=12, **common))
+    killed = tmp_path / "killed"
+    config = tmp_path / "killed.yaml"
+    config.write_text(_cfg(prepared_toy, killed, max_updates=12, **common).to_yaml())
+    child = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_STRIPPING, str(config)], check=False)
+    assert child.returncode == -signal.SIGKILL
+    assert all("optimizer" in load_checkpoint(killed / checkpoint_name(u)) for u in (4, 8))
+    train_model(_cfg(prepared_toy, killed, max_updates=12, **common))
+    a, b = (load_checkpoint(run / checkpoint_name(12)) for run in (straight, killed))
+    assert all(torch.equal(tensor, b["model"][key]) for key, tensor in a["model"].items())
+    assert [("optimizer" in load_checkpoint(killed / checkpoint_name(u))) for u in (4, 8, 12)] == [False, False, True]
+
+
+def test_older_checkpoints_keep_only_what_averaging_and_translation_need(prepared_toy, tmp_path):
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=6, save_every_updates=2, keep_last=50, validate_every=3))
+    paths = list_checkpoints(run)
+    assert [p.name for p in paths] == [checkpoint_name(u) for u in (2, 4, 6)]
+    assert [("optimizer" in load_checkpoint(p)) for p in paths] == [False, False, True]
+    assert "optimizer" in load_checkpoint(run / BEST_NAME)
+    older = load_checkpoint(paths[0])
+    assert older["minutes"] > 0 and older["epoch"] == 1 and older["update"] == 2  # the run's progress stays
+    full, stripped = paths[-1].stat().st_size, paths[0].stat().st_size
+    assert full > 2.5 * stripped  # Adam's two moments are twice the weights
+    average_checkpoints(paths, run / "average.pt")  # averaging (and translation) read the weights only
+    assert len(Translator.from_checkpoints([paths[0]], "cpu").translate_lines(["a b c", "d e"])) == 2
 
 
 def test_already_finished_run_does_nothing(prepared_toy, tmp_path, capsys):

@@ -8,6 +8,8 @@ file. `from_state` checks every entry it reads, so a damaged or crafted file
 is refused with its name and the entry at fault rather than a traceback.
 Entries added over time (``minutes``, ``batching``, validation BLEU and the
 patience count) are optional with defaults, so older checkpoints still load.
+A run keeps the `TrainingState` only in its newest checkpoint and its best
+(`strip_training_state`): it triples a file's size, and only resuming needs it.
 
 Writes go to a temporary file in the same directory, are fsync'ed and then
 renamed over the target (`transformer_mt.files.atomic_open`), so a crash or a
@@ -79,8 +81,9 @@ def to_state(ck: Checkpoint) -> dict[str, Any]:
     """The dict stored on disk: tensors and plain values only; a checkpoint without training state stores less."""
     spm = torch.from_numpy(np.frombuffer(ck.spm_model, dtype=np.uint8).copy())
     state: dict[str, Any] = {"model": ck.model, "config": ck.config, "spm_model": spm, "update": ck.progress.update}
-    if ck.training is not None:  # shallow: `dataclasses.asdict` would deep-copy the optimizer's tensors
+    if not ck.averaged_from:  # an average has no place in a run; a stripped checkpoint keeps its minutes and figures
         state.update({f.name: getattr(ck.progress, f.name) for f in dataclasses.fields(Progress)})
+    if ck.training is not None:  # shallow: `dataclasses.asdict` would deep-copy the optimizer's tensors
         state.update({f.name: getattr(ck.training, f.name) for f in dataclasses.fields(TrainingState)})
     if ck.averaged_from:
         state["averaged_from"] = list(ck.averaged_from)
@@ -144,11 +147,9 @@ def _entry(state: dict[str, Any], key: str, types: Any, path: str | Path, defaul
 
 def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Progress:
     """The run's position; a resumable checkpoint must say where it is, the rest fall back to their defaults."""
-    if not resumable:
-        return Progress(update=_entry(state, "update", int, path, default=0))
     values = {}
     for f in dataclasses.fields(Progress):
-        default = _REQUIRED if f.name in _RESUME_REQUIRED else getattr(Progress(), f.name)
+        default = _REQUIRED if resumable and f.name in _RESUME_REQUIRED else getattr(Progress(), f.name)
         value = _entry(state, f.name, _PROGRESS_TYPES[f.name], path, default)
         values[f.name] = float(value) if isinstance(value, int) and _PROGRESS_TYPES[f.name] is not int else value
     try:
@@ -179,6 +180,27 @@ def _training(state: dict[str, Any], path: str | Path) -> TrainingState:
 def write_checkpoint(path: str | Path, ck: Checkpoint) -> None:
     """Write ``ck`` to ``path`` atomically: a crash keeps the old file."""
     save_checkpoint(path, to_state(ck))
+
+
+def strip_training_state(path: str | Path) -> bool:
+    """Rewrite ``path`` atomically without its `TrainingState`; False when it holds none or cannot be read.
+
+    Adam's two moments are two thirds of a float32 checkpoint, and only
+    resuming needs them (with the RNG, scaler and batching records); averaging,
+    translation and ``train.init_from`` read the weights, config, BPE model
+    and progress, which stay. The file is memory-mapped, so only its weights
+    are read, and a kill mid-way leaves the old whole file (`atomic_open`).
+    An unreadable file is left alone for the warnings of retention and resume.
+    """
+    try:
+        state = _load(Path(path), mmap=True)
+        if "optimizer" not in state:
+            return False
+        ck = from_state(state, path)
+    except CheckpointError:
+        return False
+    write_checkpoint(path, dataclasses.replace(ck, training=None))
+    return True
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:

@@ -5,6 +5,11 @@ What one file holds and how it is read and written safely is
 checkpoint `read_checkpoint` accepts, is never counted as one of a run's
 checkpoints: resume, retention (``keep_last``) and ``tmt average --last``
 pass over it with a warning that names it.
+
+Only the newest periodic checkpoint and ``checkpoint_best.pt`` keep the
+training state (optimizer, RNG, scaler, batching): older ones are stripped
+(`strip_older_checkpoints`) once a newer one is on disk and reads back, so
+that at every moment one resumable checkpoint exists.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ import re
 import sys
 from pathlib import Path
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, checkpoint_problem, read_checkpoint
+from transformer_mt.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checkpoint_problem,
+    read_checkpoint,
+    strip_training_state,
+)
 
 CHECKPOINT_RE = re.compile(r"^checkpoint_u(\d+)\.pt$")
 BEST_NAME = "checkpoint_best.pt"
@@ -58,13 +69,50 @@ def newest_readable(run_dir: str | Path, k: int) -> list[Path]:
 
 
 def find_resume_checkpoint(run_dir: str | Path) -> tuple[Path, Checkpoint] | None:
-    """The newest readable periodic checkpoint of a run; unreadable ones are skipped with a warning."""
+    """The checkpoint a run resumes from: its newest readable periodic one, or checkpoint_best.pt in its stead.
+
+    Unreadable periodic checkpoints are skipped with a warning. The one found
+    then holds only weights when the newer ones are unreadable (older ones are
+    stripped); the best checkpoint keeps its training state and takes over if
+    it is at least as new, so no readable checkpoint is newer than the point
+    the run resumes from. Otherwise the weights-only one is returned, for the
+    trainer to refuse with advice.
+    """
+    found = _newest_readable(run_dir)
+    if found is None or found[1].training is not None or found[1].averaged_from:  # an average is refused
+        return found
+    best = Path(run_dir) / BEST_NAME
+    try:
+        ck = read_checkpoint(best) if best.is_file() else None
+    except CheckpointError as err:
+        print(f"warning: skipping {err}", file=sys.stderr)
+        return found
+    if ck is not None and ck.training is not None and ck.progress.update >= (checkpoint_update(found[0]) or 0):
+        return best, ck
+    return found
+
+
+def _newest_readable(run_dir: str | Path) -> tuple[Path, Checkpoint] | None:
+    """The newest periodic checkpoint that reads; unreadable ones are skipped with a warning."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return path, read_checkpoint(path)
         except CheckpointError as err:
             print(f"warning: skipping {err}", file=sys.stderr)
     return None
+
+
+def strip_older_checkpoints(run_dir: str | Path, newest: Path) -> list[Path]:
+    """Drop the training state of every periodic checkpoint but ``newest``, once ``newest`` reads back.
+
+    Called after each periodic save. Until ``newest`` is checked nothing is
+    touched, and each file is rewritten atomically, so a kill at any point
+    leaves a resumable run: either two checkpoints with training state (the
+    next save strips the older) or one. Returns the stripped paths.
+    """
+    if checkpoint_problem(newest) is not None:
+        return []
+    return [path for path in list_checkpoints(run_dir) if path != newest and strip_training_state(path)]
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:

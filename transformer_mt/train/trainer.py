@@ -33,7 +33,13 @@ from transformer_mt.data.batching import epoch_batches, resume_position
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
 from transformer_mt.model.transformer import count_parameters, flops_per_token
 from transformer_mt.train.build import build_stepper, compiled_graphs, load_run_data
-from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, find_resume_checkpoint, prune_checkpoints
+from transformer_mt.train.checkpoint import (
+    BEST_NAME,
+    checkpoint_name,
+    find_resume_checkpoint,
+    prune_checkpoints,
+    strip_older_checkpoints,
+)
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, setup
 from transformer_mt.train.init_from import load_init_weights
 from transformer_mt.train.loss import perplexity
@@ -168,10 +174,7 @@ class Trainer:
             return None
         path, ck = found
         if ck.training is None:
-            raise TrainError(
-                f"{path} holds no training state (optimizer, RNG): it is an averaged checkpoint, not one of "
-                "`tmt train`; move it out of train.save_dir"
-            )
+            raise TrainError(self._not_resumable(path, ck))
         saved = config_from_dict(ck.config, origin=str(path))
         if saved.model != self.cfg.model:
             raise TrainError(
@@ -189,6 +192,20 @@ class Trainer:
         if self.env.is_main:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
+
+    def _not_resumable(self, path: Path, ck: Checkpoint) -> str:
+        """Why a run cannot resume from ``path``, which holds no training state, and what to do instead."""
+        if ck.averaged_from:
+            return (
+                f"{path} holds no training state (optimizer, RNG): it is an averaged checkpoint, not one of "
+                "`tmt train`; move it out of train.save_dir"
+            )
+        return (
+            f"{path} holds no training state (optimizer, RNG): a run keeps it only in its newest checkpoint and "
+            f"in {BEST_NAME}, and the newer checkpoints of {self.save_dir} are unreadable (warned above) while "
+            f"{BEST_NAME} is missing or older. To go on from these weights with a fresh optimizer, start a new "
+            f"train.save_dir with --set train.init_from={path}"
+        )
 
     def _init_from(self, resumed: int | None) -> None:
         """train.init_from: a new run starts from that checkpoint's weights; a resumed run keeps its own."""
@@ -305,10 +322,11 @@ class Trainer:
         """Write checkpoint_u<update>.pt (or checkpoint_best.pt) from rank 0; every rank must call it."""
         ck = self._checkpoint()
         if self.env.is_main:
-            name = BEST_NAME if best else checkpoint_name(self.progress.update)
-            write_checkpoint(self.save_dir / name, ck)
+            path = self.save_dir / (BEST_NAME if best else checkpoint_name(self.progress.update))
+            write_checkpoint(path, ck)
             if not best:
                 prune_checkpoints(self.save_dir, self.cfg.train.keep_last)
+                strip_older_checkpoints(self.save_dir, path)  # only the newest (and the best) can resume
         if not best:
             self.last_save_update, self.last_save_time = self.progress.update, time.monotonic()
         barrier(self.env)
