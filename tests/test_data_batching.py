@@ -7,6 +7,7 @@ import pytest
 
 from transformer_mt.data.batching import (
     batch_by_size,
+    batches_by_tokens,
     epoch_batches,
     ordered_indices,
     resume_position,
@@ -171,3 +172,23 @@ def test_resume_position_carries_over_exactly_or_says_it_cannot(lens):
 def test_resume_position_same_world_size_is_unchanged(lens):
     src, tgt = lens
     assert resume_position(src, tgt, 1024, 3, 1, 17, 2, 2) == 17
+
+
+def test_decoding_batches_bound_and_cover_every_sentence() -> None:
+    lengths = [5, 30, 2, 7, 7, 100, 1, 12, 12, 3]
+    batches = batches_by_tokens(list(range(len(lengths))), lengths, 40)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
+    assert batches[0] == [5]  # longest first, alone since it exceeds the budget
+    assert batches_by_tokens([], [], 40) == []
+
+
+def test_decoding_and_training_cut_batches_by_one_rule(lens) -> None:
+    """Sentences in the same (longest first) order, none too long: both batchers make the same batches."""
+    src, _ = lens
+    labels = (np.arange(len(src)) * 7 + 3).tolist()  # decoding returns the indices it is given, in batches
+    order = np.argsort(-src, kind="stable")
+    training = batch_by_size(order, src, src, 400)
+    decoding = batches_by_tokens(labels, src.tolist(), 400)
+    assert decoding == [[labels[i] for i in b] for b in training]

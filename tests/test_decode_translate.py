@@ -24,7 +24,6 @@ from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.translate import (
     TranslateError,
     Translator,
-    batches_by_tokens,
     empty_outputs,
     load_translator,
     read_input_lines,
@@ -271,15 +270,6 @@ def test_cli_warns_when_translations_come_out_empty(
     result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "--beam", "1"], input=text)
     assert result.exit_code == 0, result.output
     assert all(result.stdout.splitlines()[:4]) and "empty translation" not in result.stderr
-
-
-def test_batches_by_tokens_bound_and_cover() -> None:
-    lengths = [5, 30, 2, 7, 7, 100, 1, 12, 12, 3]
-    batches = batches_by_tokens(list(range(len(lengths))), lengths, 40)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
-    assert batches[0] == [5]  # longest first, alone since it exceeds the budget
 
 
 # -- ensembles: several checkpoints decoded together

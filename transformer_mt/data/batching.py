@@ -1,6 +1,7 @@
 """Token-bucketed batching as pure functions (the fairseq recipe, without its Cython).
 
-ordered_indices -> batch_by_size -> shuffle_batches(seed, epoch) -> shard_batches.
+ordered_indices -> batch_by_size -> shuffle_batches(seed, epoch) -> shard_batches for training;
+batches_by_tokens for decoding, cut by the same rule.
 
 Sentences are sorted by length so that a batch holds sentences of about the
 same length (little padding, as the paper's "batched together by approximate
@@ -57,20 +58,43 @@ def batch_by_size(
     limit = max_tokens if max_len is None else min(max_tokens, max_len)
     keep = ~too_long(src_lens, tgt_lens, limit)[indices]
     indices = indices[keep]
-    s_list = np.asarray(src_lens)[indices].tolist()
-    t_list = np.asarray(tgt_lens)[indices].tolist()
+    bounds = _bounds(np.asarray(src_lens)[indices].tolist(), np.asarray(tgt_lens)[indices].tolist(), max_tokens)
+    return [indices[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def batches_by_tokens(indices: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Decoding's batches: ``indices`` longest first (equal lengths keep their order), cut as `batch_by_size` cuts.
+
+    One length per sentence, the source's (decoding has no target yet).
+    Longest first, so that running out of memory shows at once. Nothing is
+    dropped, since every input line must be translated: a sentence longer
+    than ``max_tokens`` gets a batch of its own.
+    """
+    order = sorted(range(len(indices)), key=lambda j: -lengths[j])  # stable
+    ordered = [lengths[j] for j in order]
+    bounds = _bounds(ordered, ordered, max_tokens)
+    return [[indices[j] for j in order[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _bounds(s_list: list[int], t_list: list[int], max_tokens: int) -> list[int]:
+    """Where consecutive batches start (and the end): the one rule of what fits a batch, for training and decoding.
+
+    A batch closes when adding the next sentence would make ``sentences x
+    longest`` exceed ``max_tokens`` on the source or the target side; a first
+    sentence always joins (one over the budget is alone in its batch).
+    """
     bounds = [0]
     start, s_max, t_max = 0, 0, 0
     for pos, (s, t) in enumerate(zip(s_list, t_list, strict=True)):
         s_new, t_new = max(s_max, s), max(t_max, t)
         n = pos - start + 1
-        if n * s_new > max_tokens or n * t_new > max_tokens:
+        if pos > start and (n * s_new > max_tokens or n * t_new > max_tokens):
             bounds.append(pos)
             start, s_new, t_new = pos, s, t
         s_max, t_max = s_new, t_new
-    if len(indices):
-        bounds.append(len(indices))
-    return [indices[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if s_list:
+        bounds.append(len(s_list))
+    return bounds
 
 
 def shuffle_batches(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarray]:

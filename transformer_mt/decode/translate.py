@@ -40,6 +40,7 @@ from transformer_mt.config import (
     parse_override,
     validate,
 )
+from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
 from transformer_mt.data.clean import InputError, normalize, read_lines
 from transformer_mt.decode.ensemble import Ensemble
@@ -364,26 +365,6 @@ def _quantize_int8(model: Transformer) -> Transformer:
         return quantize_int8(model)
     except QuantizeError as err:
         raise TranslateError(str(err)) from None
-
-
-def batches_by_tokens(indices: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group ``indices`` longest first so that sentences x longest length (padded tokens) <= batch_tokens.
-
-    A sentence longer than ``batch_tokens`` still gets a batch of its own: nothing is ever dropped.
-    """
-    order = sorted(range(len(indices)), key=lambda j: -lengths[j])  # stable: equal lengths keep input order
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for j in order:
-        if current and max(longest, lengths[j]) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(indices[j])
-        longest = max(longest, lengths[j])
-    if current:
-        batches.append(current)
-    return batches
 
 
 # -- files
