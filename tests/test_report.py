@@ -172,3 +172,40 @@ def test_report_cli_writes_markdown_and_names_a_directory_that_is_no_run(tmp_pat
     assert result.exit_code == 2 and f"{tmp_path}: no config.yaml" in result.output
     with pytest.raises(RunError, match="not a run directory"):
         read_run(tmp_path)
+
+
+def test_results_of_evaluate_test_count_for_the_test_set_the_config_names(tmp_path: Path) -> None:
+    """`tmt evaluate test` on a config whose data.test is .../newstest2014 fills Table 2's newstest2014 column."""
+    base = _fake_run(tmp_path / "base", CONFIGS / "base.yaml", {"newstest2013": (25.5, 24.9)})
+    (base / "eval_test").mkdir()
+    result = {"testset": "test", "corpus": "newstest2014", "paper_bleu": {"score": 27.2}, "sacrebleu": {"score": 26.5}}
+    (base / "eval_test" / "scores.json").write_text(json.dumps(result))
+    (line,) = [
+        line for line in table(report_markdown([read_run(base)]), "Table 2") if line["source"].startswith("tmt:")
+    ]
+    assert (line["BLEU EN-DE (paper BLEU)"], line["sacreBLEU"]) == ("27.20", "26.50")
+
+
+def test_what_evaluate_test_writes_is_what_report_reads(prepared_toy, tmp_path: Path, monkeypatch) -> None:
+    import dataclasses
+
+    from test_decode_translate import write_checkpoint
+
+    lines = {lang: Path(f"{prepared_toy.data.test}.{lang}").read_text(encoding="utf-8").splitlines()[:3]
+             for lang in ("en", "de")}  # fmt: skip
+    for lang, text in lines.items():
+        (tmp_path / f"newstest2014.{lang}").write_text("".join(line + "\n" for line in text), encoding="utf-8")
+    data = dataclasses.replace(prepared_toy.data, test="newstest2014")  # relative, as in configs/base.yaml
+    cfg = dataclasses.replace(prepared_toy, data=data, decode=dataclasses.replace(prepared_toy.decode, max_len_b=3))
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(cfg, run / "config.yaml")
+    write_checkpoint(cfg, run / "checkpoint_u0000010.pt", seed=0)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["evaluate", "test", "-c", "run/checkpoint_u0000010.pt", "--beam", "2"])
+    assert result.exit_code == 0, result.output
+    written = json.loads((run / "eval_test" / "scores.json").read_text())
+    assert (written["testset"], written["corpus"]) == ("test", "newstest2014")
+    assert read_run(run).scores["newstest2014"]["sacrebleu"] == written["sacrebleu"]
+    (line,) = table(report_markdown([read_run(run)]), "Runs that are no row")
+    assert line["test set"] == "newstest2014" and line["sacreBLEU"] == f"{written['sacrebleu']['score']:.2f}"

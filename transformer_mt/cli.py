@@ -522,7 +522,9 @@ def report(
     smoothing, language pair: matched by config, not by name), or 'not run'.
     For each run: BLEU in both metrics, each labelled (the paper's tokenized
     BLEU and sacreBLEU; newstest2014 for Table 2, newstest2013 for Table 3,
-    from the eval directories `tmt evaluate` wrote inside the run directory),
+    from the eval directories `tmt evaluate` wrote inside the run directory:
+    `tmt evaluate newstest2014`, or `tmt evaluate test` when the config's
+    data.test is newstest2014),
     dev perplexity, parameters, training cost (updates x target tokens x FLOPs
     per token, beside the paper's FLOPs), wall time and device. Runs of no row
     (the quickstart's, say) get a table of their own.

@@ -232,6 +232,7 @@ def evaluate_checkpoint(
             f"{src_path} has {len(sources)} lines but {ref_path} has {len(refs)}; they must be parallel"
         )
     name = testset or src_path.stem
+    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
     out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     hyps = translator.translate_lines(sources)
@@ -240,6 +241,7 @@ def evaluate_checkpoint(
     d = translator.cfg.decode
     scores = {
         "testset": name,
+        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
         "src": str(src_path),
         "checkpoints": [str(c) for c in checkpoints],
         "engine": engine,

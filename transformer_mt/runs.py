@@ -4,8 +4,10 @@ Only files that `tmt train` and `tmt evaluate` write are read: ``config.yaml``,
 ``metrics.jsonl`` (records by ``kind``: ``start``, ``train``, ``valid``,
 ``warning``, ``end``; see `transformer_mt.train.run_files`) and the
 ``scores.json`` of each evaluation output directory inside the run directory
-(``eval_<testset>`` by default). Nothing is recomputed from checkpoints, so a
-report of a 300k-update run reads a few kilobytes.
+(``eval_<testset>`` by default), by the text it scored: its ``corpus``, so
+that ``tmt evaluate test`` of a config whose ``data.test`` is
+``.../newstest2014`` counts as newstest2014. Nothing is recomputed from
+checkpoints, so a report of a 300k-update run reads a few kilobytes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Run:
     path: Path
     cfg: Config
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> records, in file order
-    scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # test set -> scores.json, newest kept
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)  # corpus -> scores.json, newest kept
 
     def kind(self, name: str) -> list[dict[str, Any]]:
         """The records of one kind (``train``, ``valid``, ...), in the order training wrote them."""
@@ -106,7 +108,12 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def read_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """The scores.json of each evaluation directory in ``run_dir`` by its test set (the newest file per set)."""
+    """The scores.json of each evaluation directory in ``run_dir`` by the corpus scored (the newest file per corpus).
+
+    The corpus is the test set's name, or for ``tmt evaluate test|valid`` the
+    name of the config's split file; files written before evaluate recorded
+    it count under their ``testset``.
+    """
     found: dict[str, tuple[float, dict[str, Any]]] = {}
     for path in run_dir.glob("*/scores.json"):
         try:
@@ -115,7 +122,7 @@ def read_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
             continue
         if not isinstance(scores, dict) or "testset" not in scores:
             continue
-        mtime = path.stat().st_mtime
-        if scores["testset"] not in found or mtime > found[scores["testset"]][0]:
-            found[scores["testset"]] = (mtime, {**scores, "path": str(path)})
+        mtime, corpus = path.stat().st_mtime, str(scores.get("corpus") or scores["testset"])
+        if corpus not in found or mtime > found[corpus][0]:
+            found[corpus] = (mtime, {**scores, "path": str(path)})
     return {name: scores for name, (_, scores) in found.items()}
