@@ -13,6 +13,24 @@ check_gpus() {
     fi
 }
 
+# require_gpus NGPUS: exit 2, before anything is downloaded, unless $PYTHON's torch sees NGPUS CUDA GPUs;
+# ALLOW_CPU=1 goes on anyway (to try the pipeline: a WMT14 row on CPUs would take months).
+require_gpus() {
+    local seen
+    seen=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') || seen=0
+    if ((seen >= $1)); then
+        return 0
+    fi
+    if [[ "${ALLOW_CPU:-}" == 1 ]]; then
+        echo "warning: $PYTHON sees $seen CUDA GPU(s), not $1; going on because ALLOW_CPU=1" >&2
+        return 0
+    fi
+    echo "error: $PYTHON sees $seen CUDA GPU(s) (torch.cuda.device_count()), but $1 are asked for; training a" \
+        "WMT14 row without them would take months, so nothing was downloaded. Run on a host with $1 GPU(s)," \
+        "pass the number it has, or set ALLOW_CPU=1 to go on anyway" >&2
+    exit 2
+}
+
 # set_update_freq NGPUS: UPDATE_FREQ such that 3125 x UPDATE_FREQ x NGPUS is the paper's ~25k tokens per update
 # (8 batches of 3125 tokens on 1 GPU = 1 batch on each of 8 GPUs); a warning when no whole number gives 25k.
 set_update_freq() {

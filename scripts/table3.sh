@@ -38,6 +38,7 @@ environment (optional):
   PREPARE_ARGS    extra arguments for \`tmt prepare\`, e.g. "--set data.workers=16"
   TRAIN_ARGS      extra arguments for \`tmt train\`, e.g. "--set train.max_minutes=600"
   PYTHON          the Python that has transformer_mt installed (default: python)
+  ALLOW_CPU=1     go on without the GPUs (to try the pipeline; a real run would take months)
 EOF
 }
 
@@ -59,6 +60,7 @@ if [[ ! -f "$CONFIG" ]]; then
     exit 2
 fi
 check_gpus "$NGPUS"
+require_gpus "$NGPUS"
 set_update_freq "$NGPUS"
 read_stage_args
 

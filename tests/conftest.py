@@ -100,7 +100,8 @@ def run_recipe(tmp_path) -> Callable[..., tuple[int, str, list[str]]]:
     """``run_recipe(script, *args, env_extra=None)`` runs a recipe script for real in ``tmp_path``, with a
     stand-in `tmt` on PATH that records its arguments: (exit code, stderr, one line per tmt call).
 
-    The recorded calls are the exact stage commands, checked without training anything.
+    The recorded calls are the exact stage commands, checked without training anything. ALLOW_CPU=1 lets
+    the scripts past their GPU check on a machine without the GPUs asked for; pass ``{"ALLOW_CPU": ""}`` to test it.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -109,7 +110,8 @@ def run_recipe(tmp_path) -> Callable[..., tuple[int, str, list[str]]]:
     (bin_dir / "tmt").chmod(0o755)
 
     def run(script: Path, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, list[str]]:
-        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, **(env_extra or {})}
+        path = f"{bin_dir}:{os.environ['PATH']}"
+        env = {**os.environ, "PATH": path, "PYTHON": sys.executable, "ALLOW_CPU": "1", **(env_extra or {})}
         done = subprocess.run(
             ["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
         )

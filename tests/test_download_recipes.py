@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer_mt.config import load_config
 
@@ -41,7 +42,8 @@ def test_reproduce_en_de_base_on_8_gpus_runs_every_stage(run_recipe):
     assert calls == [
         "download wmt14 --pair en-de --out data/wmt14_en_de --source statmt",
         f"prepare {config}",
-        f"train {config} --nproc-per-node 8 --set train.update_freq=1",
+        f"train {config} --nproc-per-node 8 --set train.update_freq=1 --set train.save_every_minutes=0 "
+        "--set train.save_every_updates=1500",
         "average runs/wmt14_en_de_base --last 5 -o runs/wmt14_en_de_base/average.pt",
         "evaluate newstest2014 -c runs/wmt14_en_de_base/average.pt -o runs/wmt14_en_de_base/eval --beam 4 "
         "--lenpen 0.6 --src data/wmt14_en_de/newstest2014.en --ref data/wmt14_en_de/newstest2014.de",
@@ -56,7 +58,29 @@ def test_reproduce_en_fr_big_keeps_25k_tokens_per_update(run_recipe, gpus, updat
     train = next(c for c in calls if c.startswith("train "))
     assert f"--set train.update_freq={update_freq}" in train and ("--nproc-per-node" in train) == (gpus != "1")
     assert "average runs/wmt14_en_fr_big --last 20 -o runs/wmt14_en_fr_big/average.pt" in calls
+    assert "--set train.save_every_minutes=0 --set train.save_every_updates=600" in train  # the big pace
     assert calls[0] == "download wmt14 --pair en-fr --out data/wmt14_en_fr"
+
+
+def test_train_args_come_after_the_checkpoint_spacing_and_override_it(run_recipe):
+    code, err, calls = run_recipe(
+        SCRIPT, "en-de", "base", env_extra={"TRAIN_ARGS": "--set train.save_every_updates=99"}
+    )
+    assert code == 0, err
+    train = next(c for c in calls if c.startswith("train "))
+    assert train.endswith("--set train.save_every_updates=1500 --set train.save_every_updates=99")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: nothing to refuse")
+@pytest.mark.parametrize("script", [SCRIPT, ROOT / "scripts" / "table3.sh"])
+def test_the_recipes_refuse_a_machine_without_gpus_before_downloading(run_recipe, tmp_path, script):
+    args = ("en-de", "base") if script == SCRIPT else ("b_dk16",)
+    code, err, calls = run_recipe(script, *args, env_extra={"ALLOW_CPU": ""})
+    assert code == 2 and calls == []  # no tmt stage ran: nothing downloaded
+    assert "sees 0 CUDA GPU(s)" in err and "set ALLOW_CPU=1 to go on anyway" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # no data/ or runs/ either
+    code, err, calls = run_recipe(script, *args, env_extra={"ALLOW_CPU": "1"})
+    assert "going on because ALLOW_CPU=1" in err and calls[0].startswith("download wmt14 --pair en-de")
 
 
 def test_reproduce_rejects_bad_arguments(run_recipe):
