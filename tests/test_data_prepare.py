@@ -17,6 +17,7 @@ from transformer_mt.data.clean import EMPTY, RATIO, TOO_LONG, normalize
 from transformer_mt.data.dataset import ParallelDataset
 from transformer_mt.data.prepare import MANIFEST, PrepareError, Reservoir, is_prepared, load_manifest, prepare_data
 from transformer_mt.data.synthetic import write_corpus
+from transformer_mt.errors import UserError
 
 
 def _config(root: Path, *extra: str) -> Config:
@@ -144,7 +145,7 @@ def test_invalid_utf8_names_file_and_line(small):
     lines = (small / "c" / "valid.de").read_bytes().split(b"\n")
     lines[6] = b"Gr\xfc\xdfe"
     (small / "c" / "valid.de").write_bytes(b"\n".join(lines))
-    with pytest.raises(PrepareError, match=r"valid\.de, line 7: not valid UTF-8"):
+    with pytest.raises(UserError, match=r"valid\.de, line 7: not valid UTF-8"):
         prepare_data(_config(small))
     assert not (small / "out" / MANIFEST).exists()
 
@@ -167,7 +168,7 @@ def test_empty_after_filtering_gives_counts_and_keys(tmp_path):
 
 
 def test_unreachable_vocabulary_suggests_a_smaller_one(small):
-    with pytest.raises(PrepareError, match=r"bpe\.vocab_size=5000 cannot be reached.*--set bpe\.vocab_size=\d+"):
+    with pytest.raises(UserError, match=r"bpe\.vocab_size=5000 cannot be reached.*--set bpe\.vocab_size=\d+"):
         prepare_data(_config(small, "bpe.vocab_size=5000"))
     assert not (small / "out" / MANIFEST).exists()
 

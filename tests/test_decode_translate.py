@@ -28,6 +28,7 @@ from transformer_mt.decode.translate import (
     load_translator,
     read_input_lines,
 )
+from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -178,7 +179,7 @@ def test_averaging_rejects_different_bpe_models(ckpts: list[Path], toy_cfg: Conf
     state = torch.load(ckpts[1], weights_only=True)
     state["spm_model"] = state["spm_model"][:-1]
     save_checkpoint(tmp_path / "other_bpe.pt", state)
-    with pytest.raises(TranslateError, match=r"other_bpe\.pt: a different BPE model"):
+    with pytest.raises(UserError, match=r"other_bpe\.pt: a different BPE model"):
         Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu")
 
 
@@ -190,18 +191,18 @@ def test_set_overrides_decode_and_max_positions(ckpts: list[Path]) -> None:
     assert (t.cfg.decode.max_len_b, t.cfg.decode.len_penalty_form, t.cfg.decode.beam_size) == (7, "fairseq", 2)
     assert t.cfg.model.max_positions == t.model.positions.max_positions == 2048
     assert t.model.positions.table.shape[0] == 2048
-    with pytest.raises(TranslateError, match=r"--set model.d_model=8: a trained checkpoint only takes decode\.\*"):
+    with pytest.raises(UserError, match=r"--set model.d_model=8: a trained checkpoint only takes decode\.\*"):
         Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["model.d_model=8"])
-    with pytest.raises(TranslateError, match="unknown key 'decode.beam'"):
+    with pytest.raises(UserError, match="unknown key 'decode.beam'"):
         Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.beam=8"])
-    with pytest.raises(TranslateError, match="decode.nbest"):
+    with pytest.raises(UserError, match="decode.nbest"):
         Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.nbest=0"])
 
 
 def test_set_cannot_grow_learned_positions(toy_cfg: Config, tmp_path: Path) -> None:
     learned = dataclasses.replace(toy_cfg, model=dataclasses.replace(toy_cfg.model, positions="learned"))
     write_checkpoint(learned, tmp_path / "learned.pt", 0)
-    with pytest.raises(TranslateError, match="learned positions"):
+    with pytest.raises(UserError, match="learned positions"):
         Translator.from_checkpoints([tmp_path / "learned.pt"], device="cpu", overrides=["model.max_positions=4096"])
 
 
@@ -217,7 +218,7 @@ def test_cli_set(ckpts: list[Path], test_lines: list[str]) -> None:
 def test_invalid_utf8_names_the_line(ckpts: list[Path], tmp_path: Path) -> None:
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"fine\nalso fine\ncaf\xe9 latin1\n")
-    with pytest.raises(TranslateError, match=r"bad\.en, line 3: not valid UTF-8 \(byte 0xe9 at column 4\)"):
+    with pytest.raises(UserError, match=r"bad\.en, line 3: not valid UTF-8 \(byte 0xe9 at column 4\)"):
         read_input_lines(bad)
     out = tmp_path / "out.de"
     result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "-i", str(bad), "-o", str(out)])

@@ -21,6 +21,7 @@ from transformer_mt import files
 from transformer_mt.cli import app
 from transformer_mt.data.download import download_hf, download_wmt14, fetch_testsets, format_summary
 from transformer_mt.data.download_files import DownloadError, clean_pair, is_complete, read_marker
+from transformer_mt.errors import UserError
 
 ROWS = [
     ("Hello world.", "Hallo Welt."),
@@ -377,7 +378,7 @@ def test_testsets_offline_mentions_from_and_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(DATASETS["wmt13"], "_outdir", str(cache))
     monkeypatch.setattr(DATASETS["wmt13"], "_rawdir", str(cache / "raw"))
     monkeypatch.setattr(base, "download_file", offline)
-    with pytest.raises(DownloadError) as err:
+    with pytest.raises(UserError) as err:
         fetch_testsets("en-de", tmp_path / "out", names=["newstest2013"])
     assert "--from DIR" in str(err.value) and "$SACREBLEU" in str(err.value)
 

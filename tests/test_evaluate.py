@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
+from transformer_mt.errors import UserError
 from transformer_mt.evaluate import (
     EvaluateError,
     compound_split,
@@ -247,7 +248,7 @@ def test_evaluate_named_testset_from_prefilled_cache(toy_ckpt: Path, prepared_to
 
 
 def test_evaluate_errors(toy_ckpt: Path, tmp_path: Path) -> None:
-    with pytest.raises(EvaluateError, match="unknown test set"):
+    with pytest.raises(UserError, match="unknown test set"):
         evaluate_checkpoint([toy_ckpt], testset="newstest1999")
     with pytest.raises(EvaluateError, match="pass both --src and --ref"):
         evaluate_checkpoint([toy_ckpt], src=tmp_path / "x.en")
@@ -276,7 +277,7 @@ def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
     path.write_bytes("a\u2028b\x1cc\x1dd\x1ee\x85f\r\nzwei\n\ndrei".encode())
     assert read_lines(path, "reference") == ["a\u2028b\x1cc\x1dd\x1ee\x85f", "zwei", "", "drei"]
     path.write_bytes(b"eins\r\nzwei\n\xff\n")
-    with pytest.raises(EvaluateError, match=r"ref\.de, line 3: not valid UTF-8 \(byte 0xff at column 1\)"):
+    with pytest.raises(UserError, match=r"ref\.de, line 3: not valid UTF-8 \(byte 0xff at column 1\)"):
         read_lines(path, "reference")
     with pytest.raises(EvaluateError, match=r"missing\.de: cannot read the reference file"):
         read_lines(tmp_path / "missing.de", "reference")

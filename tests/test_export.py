@@ -28,6 +28,7 @@ from transformer_mt.config import Config, ModelConfig, config_from_dict, load_co
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.decode.search import beam_search, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
+from transformer_mt.errors import UserError
 from transformer_mt.export import ExportError, check_exportable, export_ctranslate2, require_ctranslate2
 from transformer_mt.model.positions import sinusoidal_positions
 from transformer_mt.model.transformer import Transformer
@@ -178,7 +179,7 @@ def test_int8_export_stores_smaller_weights_and_translates(
 
 def test_missing_ctranslate2_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
-    with pytest.raises(ExportError, match=r"pip install ctranslate2"):
+    with pytest.raises(UserError, match=r"pip install ctranslate2"):
         require_ctranslate2()
     result = CliRunner().invoke(app, ["export", "ctranslate2", "-c", str(tmp_path / "a.pt"), "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "pip install ctranslate2" in result.output

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint, to_state
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
+from transformer_mt.errors import UserError
 from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
 from transformer_mt.train.checkpoint import checkpoint_name
 
@@ -70,7 +71,7 @@ def test_average_states_is_what_average_checkpoints_writes(tmp_path):
 def test_rejects_different_bpe_models(tmp_path):
     a = _ckpt(tmp_path / "a.pt", 1, _model(1), spm=b"one")
     b = _ckpt(tmp_path / "b.pt", 2, _model(2), spm=b"two")
-    with pytest.raises(AverageError, match=r"b\.pt: a different BPE model \(spm_model\) than .*a\.pt"):
+    with pytest.raises(UserError, match=r"b\.pt: a different BPE model \(spm_model\) than .*a\.pt"):
         average_checkpoints([a, b], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
@@ -79,7 +80,7 @@ def test_rejects_different_integer_buffers(tmp_path):
     other = _model(2)
     other["steps"] = torch.tensor([4])
     a, b = _ckpt(tmp_path / "a.pt", 1, _model(1)), _ckpt(tmp_path / "b.pt", 2, other)
-    with pytest.raises(AverageError, match=r"b\.pt: integer buffer 'steps' differs"):
+    with pytest.raises(UserError, match=r"b\.pt: integer buffer 'steps' differs"):
         average_checkpoints([a, b], tmp_path / "out.pt")
 
 
@@ -97,7 +98,7 @@ def test_rejects_mismatched_keys(tmp_path):
     other = _model(2)
     other["extra.weight"] = torch.zeros(2)
     b = _ckpt(tmp_path / "b.pt", 2, other)
-    with pytest.raises(AverageError, match=r"b\.pt.*extra\.weight"):
+    with pytest.raises(UserError, match=r"b\.pt.*extra\.weight"):
         average_checkpoints([a, b], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
@@ -107,7 +108,7 @@ def test_rejects_mismatched_shapes(tmp_path):
     other = _model(2)
     other["fc.bias"] = torch.zeros(5)
     b = _ckpt(tmp_path / "b.pt", 2, other)
-    with pytest.raises(AverageError, match=r"b\.pt.*fc\.bias.*\(5,\)"):
+    with pytest.raises(UserError, match=r"b\.pt.*fc\.bias.*\(5,\)"):
         average_checkpoints([a, b], tmp_path / "out.pt")
 
 
@@ -115,7 +116,7 @@ def test_rejects_corrupt_input(tmp_path):
     a = _ckpt(tmp_path / "a.pt", 1, _model(1))
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(AverageError, match="bad.pt"):
+    with pytest.raises(UserError, match="bad.pt"):
         average_checkpoints([a, bad], tmp_path / "out.pt")
 
 

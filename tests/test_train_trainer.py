@@ -19,6 +19,7 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
 from transformer_mt.decode.translate import Translator
+from transformer_mt.errors import UserError
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.average import average_checkpoints
@@ -467,10 +468,10 @@ def test_nonfinite_updates_stop_with_advice(prepared_toy, tmp_path):
         train_model(cfg)
 
 
-def test_missing_data_is_a_train_error(prepared_toy, tmp_path):
+def test_missing_data_is_a_user_error(prepared_toy, tmp_path):
     data = dataclasses.replace(prepared_toy.data, train=str(tmp_path / "nope/train"), dir=str(tmp_path / "prep"))
     cfg = dataclasses.replace(_cfg(prepared_toy, tmp_path / "run"), data=data)
-    with pytest.raises(TrainError, match="nope"):
+    with pytest.raises(UserError, match="nope"):
         train_model(cfg)
 
 

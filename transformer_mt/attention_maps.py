@@ -18,7 +18,8 @@ import torch
 
 from transformer_mt.data.bpe import BOS, EOS
 from transformer_mt.data.clean import normalize
-from transformer_mt.decode.translate import TranslateError, Translator
+from transformer_mt.decode.translate import Translator
+from transformer_mt.errors import UserError
 from transformer_mt.plots import AttentionPanel
 
 Kind = Literal["encoder", "decoder", "cross"]
@@ -29,7 +30,7 @@ DESCRIBED = {
 }
 
 
-class AttentionError(RuntimeError):
+class AttentionError(UserError):
     """A sentence, layer or checkpoint the figure cannot be drawn for; the message says what to pass."""
 
 
@@ -52,10 +53,7 @@ def sentence_attention(
 ) -> SentenceAttention:  # fmt: skip
     """Run ``text`` (and ``target``, or the model's translation of ``text``) through the checkpoint's model and
     return layer ``layer`` (1-based; default `default_layer`) of the ``kind`` attention, every head."""
-    try:
-        translator = Translator.from_checkpoints([checkpoint], device=device, overrides=["decode.quantize=none"])
-    except TranslateError as err:
-        raise AttentionError(str(err)) from None
+    translator = Translator.from_checkpoints([checkpoint], device=device, overrides=["decode.quantize=none"])
     translator.show_progress = False
     model, bpe = translator.model, translator.bpe
     assert model is not None

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_open
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint file that cannot be read, written or averaged; the message names the file (and the entry)."""
 
 

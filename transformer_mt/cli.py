@@ -13,10 +13,31 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from transformer_mt.config import Config, ConfigError, load_config
+from transformer_mt.config import Config, load_config
+from transformer_mt.errors import UserError
+
+
+class Commands(TyperGroup):
+    """The one place a `UserError` of any command ends: ``error: <message>`` on one line of stderr, exit 2.
+
+    Stages raise their mistakes as they find them, deep in a run (a full
+    disk at a checkpoint, a bad line in the input); catching them here, once,
+    spares each command its own wrapping and keeps every other exception, a
+    bug, with its traceback.
+    """
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except UserError as err:
+            typer.secho(f"error: {' '.join(str(err).split())}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
 
 app = typer.Typer(
+    cls=Commands,
     name="tmt",
     help=(
         "Train and evaluate the Transformer of 'Attention Is All You Need' as the paper did.\n\n"
@@ -101,18 +122,9 @@ def decode_overrides(set_: list[str] | None, quantize: Quantize | None) -> list[
     return [*(set_ or []), *([f"decode.quantize={quantize.value}"] if quantize is not None else [])]
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a user-facing error and return the Exit to raise."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code)
-
-
 def load(config: Path, overrides: list[str] | None, show: bool = True) -> Config:
-    """Load and print the resolved config, turning config mistakes into clear exits."""
-    try:
-        cfg = load_config(config, overrides or [])
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    """Load the config and print it resolved, so that a run's log shows every setting it used."""
+    cfg = load_config(config, overrides or [])
     if show:
         typer.echo(f"# resolved config ({config}{' + --set' if overrides else ''})", err=True)
         typer.echo(cfg.to_yaml(), err=True)
@@ -160,26 +172,17 @@ def prepare(
     data.dir, manifest.json last. Re-running with unchanged inputs and config
     does nothing. See docs/data.md.
     """
-    from transformer_mt.data.prepare import PrepareError, prepare_data
+    from transformer_mt.data.prepare import prepare_data
 
-    cfg = load(config, set_)
-    try:
-        prepare_data(cfg, force=force)
-    except PrepareError as err:
-        raise fail(str(err)) from None
+    prepare_data(load(config, set_), force=force)
 
 
 @app.command("data-stats")
 def data_stats(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print sentence and token counts, length percentiles and padding at train.max_tokens."""
-    from transformer_mt.data.prepare import PrepareError
     from transformer_mt.data.stats import format_stats
 
-    cfg = load(config, set_, show=False)
-    try:
-        typer.echo(format_stats(cfg))
-    except PrepareError as err:
-        raise fail(str(err)) from None
+    typer.echo(format_stats(load(config, set_, show=False)))
 
 
 @app.command()
@@ -214,15 +217,11 @@ def train(
     import os
 
     from transformer_mt.train.distributed import launch_torchrun
-    from transformer_mt.train.trainer import TrainError, train_model
+    from transformer_mt.train.trainer import train_model
 
     if nproc_per_node > 0:
         raise typer.Exit(launch_torchrun(nproc_per_node, ["train", str(config), *_set_args(set_)]))
-    cfg = load(config, set_, show=os.environ.get("RANK", "0") == "0")
-    try:
-        train_model(cfg)
-    except (TrainError, ConfigError) as err:
-        raise fail(str(err)) from None
+    train_model(load(config, set_, show=os.environ.get("RANK", "0") == "0"))
 
 
 def _set_args(overrides: list[str] | None) -> list[str]:
@@ -257,19 +256,16 @@ def average(
     and `tmt evaluate` load like any other; it carries the config and BPE
     model of the newest input.
     """
-    from transformer_mt.train.average import AverageError, average_checkpoints, default_last, last_checkpoints
+    from transformer_mt.train.average import average_checkpoints, default_last, last_checkpoints
 
-    try:
-        if inputs:
-            paths = list(inputs)
-        elif run_dir is not None:
-            paths = last_checkpoints(run_dir, last if last is not None else default_last(run_dir))
-        else:
-            raise fail("give a RUN_DIR (with --last K) or --inputs a.pt b.pt ...")
-        out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
-        average_checkpoints(paths, out)
-    except AverageError as err:
-        raise fail(str(err)) from None
+    if inputs:
+        paths = list(inputs)
+    elif run_dir is not None:
+        paths = last_checkpoints(run_dir, last if last is not None else default_last(run_dir))
+    else:
+        raise UserError("give a RUN_DIR (with --last K) or --inputs a.pt b.pt ...")
+    out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
+    average_checkpoints(paths, out)
     typer.echo(f"averaged {len(paths)} checkpoints -> {out}")
 
 
@@ -353,20 +349,17 @@ def translate(
     import sys
 
     from transformer_mt.decode.stream import stream_lines, translate_interactive
-    from transformer_mt.decode.translate import TranslateError, translate_file
+    from transformer_mt.decode.translate import translate_file
 
     settings = dict(
         beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, device=device,
         overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
     )  # fmt: skip
-    try:
-        stream = stream_lines(buffer_lines, input, output, input is None and sys.stdin.isatty())
-        if stream is None:
-            translate_file(checkpoint, input, output, **settings)
-        else:
-            translate_interactive(checkpoint, input, stream, **settings)
-    except TranslateError as err:
-        raise fail(str(err)) from None
+    stream = stream_lines(buffer_lines, input, output, input is None and sys.stdin.isatty())
+    if stream is None:
+        translate_file(checkpoint, input, output, **settings)
+    else:
+        translate_interactive(checkpoint, input, stream, **settings)
 
 
 @app.command()
@@ -415,15 +408,12 @@ def evaluate(
     it was trained in. Writes hyp.<lang> and scores.json to --output
     (default: eval_<name> beside the checkpoint, e.g. eval_test).
     """
-    from transformer_mt.evaluate import EvaluateError, evaluate_checkpoint
+    from transformer_mt.evaluate import evaluate_checkpoint
 
-    try:
-        evaluate_checkpoint(
-            checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
-            overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
-        )  # fmt: skip
-    except EvaluateError as err:
-        raise fail(str(err)) from None
+    evaluate_checkpoint(
+        checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
+        overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
+    )  # fmt: skip
 
 
 @app.command()
@@ -458,16 +448,13 @@ def export(
 
     Example: tmt export ctranslate2 -c runs/base/average.pt -o runs/base/ct2 --quantization int8
     """
-    from transformer_mt.export import QUANTIZATIONS, ExportError, export_ctranslate2
+    from transformer_mt.export import QUANTIZATIONS, export_ctranslate2
 
     if target != "ctranslate2":
-        raise fail(f"unknown export target {target!r}; known: ctranslate2")
+        raise UserError(f"unknown export target {target!r}; known: ctranslate2")
     if quantization not in QUANTIZATIONS:
-        raise fail(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
-    try:
-        out = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
-    except ExportError as err:
-        raise fail(str(err)) from None
+        raise UserError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    out = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
     typer.echo(f"CTranslate2 model ({quantization}) -> {out}")
 
 
@@ -485,19 +472,16 @@ def score(
     The paper's figure is tensor2tensor's get_ende_bleu.sh: Moses punctuation
     replacement and tokenization, ##AT##-##AT## compound splitting, multi-bleu.
     """
-    from transformer_mt.evaluate import EvaluateError, format_scores, score_files
+    from transformer_mt.evaluate import format_scores, score_files
 
-    try:
-        scores = score_files(hyp, ref, lang)
-        if json_out is not None:
-            import json
+    scores = score_files(hyp, ref, lang)
+    if json_out is not None:
+        import json
 
-            from transformer_mt.files import atomic_write_lines
+        from transformer_mt.files import atomic_write_lines
 
-            atomic_write_lines(json_out, [json.dumps(scores, indent=2)])
-        typer.echo(format_scores(scores))
-    except EvaluateError as err:
-        raise fail(str(err)) from None
+        atomic_write_lines(json_out, [json.dumps(scores, indent=2)])
+    typer.echo(format_scores(scores))
 
 
 @app.command()
@@ -534,12 +518,9 @@ def report(
     """
     from transformer_mt.plots import PlotError, report_figure
     from transformer_mt.report import table3_points, write_report
-    from transformer_mt.runs import RunError, read_run
+    from transformer_mt.runs import read_run
 
-    try:
-        runs = [read_run(d) for d in run_dirs or []]
-    except RunError as err:
-        raise fail(str(err)) from None
+    runs = [read_run(d) for d in run_dirs or []]
     write_report(runs, output)
     typer.echo(f"report -> {output}")
     if plot:
@@ -565,13 +546,10 @@ def plot(
 
     Example: tmt plot quickstart/run -o curves.png
     """
-    from transformer_mt.plots import PlotError, curves_figure
-    from transformer_mt.runs import RunError, read_run
+    from transformer_mt.plots import curves_figure
+    from transformer_mt.runs import read_run
 
-    try:
-        curves_figure(read_run(run_dir), output)
-    except (RunError, PlotError) as err:
-        raise fail(str(err)) from None
+    curves_figure(read_run(run_dir), output)
     typer.echo(f"curves -> {output}")
 
 
@@ -617,15 +595,12 @@ def attention(
     Examples: tmt attention -c quickstart/run/average.pt --text "The old man sees the red car." -o enc.png;
     the same with --kind cross to see which source tokens each output token reads.
     """
-    from transformer_mt.attention_maps import AttentionError, sentence_attention
-    from transformer_mt.plots import PlotError, attention_figure, require_matplotlib
+    from transformer_mt.attention_maps import sentence_attention
+    from transformer_mt.plots import attention_figure, require_matplotlib
 
-    try:
-        require_matplotlib()
-        found = sentence_attention(checkpoint, text, kind.value, layer, target, device)
-        attention_figure(found.panel, output)
-    except (AttentionError, PlotError) as err:
-        raise fail(str(err)) from None
+    require_matplotlib()
+    found = sentence_attention(checkpoint, text, kind.value, layer, target, device)
+    attention_figure(found.panel, output)
     if found.target and target is None:
         typer.echo(f"translation: {found.target}")
     typer.echo(f"attention -> {output}")
@@ -679,15 +654,12 @@ def download(
     `tmt download wmt14 --pair en-fr --source statmt`;
     `tmt download wmt14 --from /data/wmt14_en_de --train-from newstest2013` (a stand-in corpus to try the pipeline).
     """
-    from transformer_mt.data.download import DownloadError, download_wmt14, format_summary
+    from transformer_mt.data.download import download_wmt14, format_summary
 
     if dataset != "wmt14":
-        raise fail(f"unknown dataset {dataset!r}; known: wmt14")
+        raise UserError(f"unknown dataset {dataset!r}; known: wmt14")
     out = out or Path(f"data/wmt14_{pair.replace('-', '_')}")
-    try:
-        rows = download_wmt14(pair=pair, out=out, source=source, from_dir=from_dir, train_from=train_from)
-    except DownloadError as err:
-        raise fail(str(err)) from None
+    rows = download_wmt14(pair=pair, out=out, source=source, from_dir=from_dir, train_from=train_from)
     typer.echo(format_summary(rows, out))
 
 
@@ -705,10 +677,7 @@ def quickstart(
     """
     from transformer_mt.quickstart import run_quickstart
 
-    try:
-        run_quickstart(workdir, tuple(set_ or ()))
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    run_quickstart(workdir, tuple(set_ or ()))
 
 
 if __name__ == "__main__":

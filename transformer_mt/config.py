@@ -23,10 +23,11 @@ from typing import Any, Literal
 
 import yaml
 
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration problem a user can fix; the message says how."""
 
 

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data.clean import InputError
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
-from transformer_mt.data.testsets import TESTSETS, TestsetError, check_testset_name, fetch_testset
+from transformer_mt.data.testsets import TESTSETS, check_testset_name, fetch_testset
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
-class EvaluateError(RuntimeError):
+class EvaluateError(UserError):
     """Input problems a user can fix; the message names the files and the fix."""
 
 
@@ -84,8 +84,6 @@ def read_lines(path: Path, role: str) -> list[str]:
         return list(_read_utf8_lines(path))
     except OSError as err:
         raise EvaluateError(f"{path}: cannot read the {role} file ({err.strerror})") from None
-    except InputError as err:
-        raise EvaluateError(str(err)) from None
 
 
 def corpus_sacrebleu(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
@@ -180,10 +178,7 @@ def _inputs(
         raise EvaluateError(f"name a test set ({', '.join((*TESTSETS, *CONFIG_SPLITS))}) or pass --src and --ref")
     if testset in CONFIG_SPLITS:
         return config_split(testset, data, checkpoint)
-    try:
-        return fetch_testset(testset, data.src_lang, data.tgt_lang)
-    except TestsetError as err:
-        raise EvaluateError(str(err)) from None
+    return fetch_testset(testset, data.src_lang, data.tgt_lang)
 
 
 def evaluate_checkpoint(
@@ -209,21 +204,15 @@ def evaluate_checkpoint(
     `transformer_mt.decode.translate.override_config`). ``engine`` and
     ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
     """
-    from transformer_mt.decode.translate import TranslateError, empty_outputs, load_translator
+    from transformer_mt.decode.translate import empty_outputs, load_translator
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if testset is not None and src is None and testset not in CONFIG_SPLITS:
-        try:
-            check_testset_name(testset)  # before loading any model
-        except TestsetError as err:
-            raise EvaluateError(str(err)) from None
-    try:
-        translator = load_translator(
-            checkpoints, engine, ensemble, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
-        )
-    except TranslateError as err:
-        raise EvaluateError(str(err)) from None
+        check_testset_name(testset)  # before loading any model
+    translator = load_translator(
+        checkpoints, engine, ensemble, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
+    )
     data = translator.cfg.data
     src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
     sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_open
 from transformer_mt.runs import Run
 
 INSTALL = "pip install matplotlib (or: pip install -e '.[plot]')"
 
 
-class PlotError(RuntimeError):
+class PlotError(UserError):
     """A figure cannot be drawn: matplotlib is missing, or there is nothing to draw; the message says what to do."""
 
 

@@ -20,9 +20,10 @@ from typing import Any
 import yaml
 
 from transformer_mt.config import Config, ConfigError, config_from_dict
+from transformer_mt.errors import UserError
 
 
-class RunError(RuntimeError):
+class RunError(UserError):
     """A directory that is not a readable run; the message names the file and what to pass instead."""
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer_mt.errors import UserError
+
 PAD = 0
 UNK = 1
 BOS = 2
@@ -21,7 +23,7 @@ MODEL_NAME = "spm.model"  # file names inside `data.dir`
 VOCAB_NAME = "spm.vocab"
 
 
-class BpeError(ValueError):
+class BpeError(UserError):
     """Sentencepiece cannot learn the requested vocabulary; the message says what to change."""
 
 

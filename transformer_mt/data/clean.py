@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from transformer_mt.errors import UserError
+
 # Control characters (Unicode category Cc) that are not whitespace, and invisible format characters
 # (zero-width spaces and joiners, word joiner, byte order mark, soft hyphen) that only break tokens apart.
 _DROP = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u200b-\u200d\u2060\ufeff\u00ad]")
@@ -51,7 +53,7 @@ def filter_reason(src: str, tgt: str, max_len: int, max_ratio: float) -> str | N
     return None
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """An input file that cannot be read as UTF-8 text; the message names file and line."""
 
 

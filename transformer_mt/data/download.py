@@ -53,7 +53,7 @@ from transformer_mt.data.download_files import (
     writing_pair,
 )
 from transformer_mt.data.download_statmt import download_statmt
-from transformer_mt.data.testsets import TESTSETS, TestsetError, fetch_testset
+from transformer_mt.data.testsets import TESTSETS, fetch_testset
 
 SOURCES = ("hf", "statmt")
 HF_HUB_PATH = "wmt/wmt14"
@@ -167,10 +167,7 @@ def fetch_testsets(pair: str, out: Path, names: Iterable[str] = DOWNLOADED_TESTS
         if is_complete(out, name, langs, label):
             rows.append(skipped_row(out, name, langs, label))
             continue
-        try:
-            src_path, ref_path = fetch_testset(name, *langs, offline_hint=offline_hint(pair))
-        except TestsetError as err:
-            raise DownloadError(str(err)) from None
+        src_path, ref_path = fetch_testset(name, *langs, offline_hint=offline_hint(pair))
         writer = ParallelWriter(out, name, langs, label, keep_empty=True)
         with writer:
             for src, ref in read_parallel(src_path, ref_path):

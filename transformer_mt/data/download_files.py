@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_open, atomic_write_text, remove_leftovers
 
 PAIRS = {"en-de": ("en", "de"), "en-fr": ("en", "fr")}
@@ -35,7 +36,7 @@ _FLUSH_LINES = 10_000  # lines buffered before a write
 _BREAKS = re.compile("[\n\r\t\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError):
     """A problem the user can fix (network, disk, input files); the message says how."""
 
 

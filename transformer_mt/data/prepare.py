@@ -40,8 +40,9 @@ from tqdm import tqdm
 
 from transformer_mt.config import Config, config_hash
 from transformer_mt.data import binarize, clean
-from transformer_mt.data.bpe import MODEL_NAME, VOCAB_NAME, BpeError, load_bpe, train_bpe
+from transformer_mt.data.bpe import MODEL_NAME, VOCAB_NAME, load_bpe, train_bpe
 from transformer_mt.data.dataset import split_paths
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
 
 MANIFEST = "manifest.json"
@@ -49,7 +50,7 @@ FORMAT_VERSION = 1
 SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError):
     """A problem with the input data that the user can fix; the message says how."""
 
 
@@ -172,10 +173,7 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
 
 
 def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> dict[str, Any]:
-    try:
-        stats = _clean_split(s, cfg, work, lines)
-    except clean.InputError as err:
-        raise PrepareError(str(err)) from None
+    stats = _clean_split(s, cfg, work, lines)
     if stats["sentences"] == 0:
         raise PrepareError(_empty_message(s, stats))
     return stats
@@ -184,12 +182,7 @@ def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> dict[s
 def _learn_bpe(work: Path, cfg: Config, sample_size: int, workers: int) -> int:
     """Train sentencepiece on the sample into ``work/spm.{model,vocab}``; returns the vocabulary size."""
     _say(f"learning a joint BPE of {cfg.bpe.vocab_size} pieces from {sample_size} sentences")
-    try:
-        model = train_bpe(
-            work / "bpe_sample.txt", work / "spm", cfg.bpe.vocab_size, cfg.bpe.character_coverage, workers
-        )
-    except BpeError as err:
-        raise PrepareError(str(err)) from None
+    model = train_bpe(work / "bpe_sample.txt", work / "spm", cfg.bpe.vocab_size, cfg.bpe.character_coverage, workers)
     os.replace(model, work / MODEL_NAME)
     os.replace(work / "spm.vocab", work / VOCAB_NAME)
     return load_bpe(work / MODEL_NAME).get_piece_size()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformer_mt.errors import UserError
+
 # Test sets by their WMT name, and the sacreBLEU test set that holds them; `tmt download`
 # writes the first two. newstest2014 is the full 3003-sentence set (sacreBLEU's "wmt14/full",
 # statmt's test-full.tgz), the one tensor2tensor evaluated; "wmt14" is the filtered 2737-line subset.
@@ -19,7 +21,7 @@ TESTSETS = {
 }
 
 
-class TestsetError(RuntimeError):
+class TestsetError(UserError):
     """An unknown test set, a missing direction or a failed download; the message says what to do."""
 
     __test__ = False  # a name pytest would otherwise collect as a test class

@@ -41,12 +41,13 @@ import torch
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.decode.search import Hypothesis, length_penalty, max_output_lengths, pad_batch
+from transformer_mt.errors import UserError
 
 TMT_CONFIG = "tmt_config.yaml"  # the files tmt adds to CTranslate2's own in an exported directory
 SPM_MODEL = "spm.model"
 
 
-class CTranslate2Error(RuntimeError):
+class CTranslate2Error(UserError):
     """ctranslate2 missing, or a directory that is not an export; the message says what to do."""
 
 

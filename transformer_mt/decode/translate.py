@@ -30,7 +30,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, read_average
+from transformer_mt.checkpoint import Checkpoint, read_average
 from transformer_mt.config import (
     Config,
     ConfigError,
@@ -42,14 +42,15 @@ from transformer_mt.config import (
 )
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
-from transformer_mt.data.clean import InputError, normalize, read_lines
+from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
+from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.model.transformer import Transformer
 
 
-class TranslateError(RuntimeError):
+class TranslateError(UserError):
     """Input or checkpoint problems a user can fix; the message names the file (and line) and the fix."""
 
 
@@ -72,10 +73,7 @@ def load_state(paths: Sequence[Path]) -> Checkpoint:
     Config and BPE model come from the newest input (highest update); a file
     without them is refused by `read_checkpoint`, naming the file and the entry.
     """
-    try:
-        return read_average(paths)
-    except CheckpointError as err:
-        raise TranslateError(str(err)) from None
+    return read_average(paths)
 
 
 def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
@@ -311,11 +309,8 @@ def load_ensemble(
 
 
 def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:
-    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a TranslateError naming ``paths``."""
-    try:
-        return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
-    except ConfigError as err:
-        raise TranslateError(str(err)) from None
+    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a ConfigError naming ``paths``."""
+    return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
 
 
 def _load_model(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> Transformer:
@@ -359,12 +354,9 @@ def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
 
 def _quantize_int8(model: Transformer) -> Transformer:
     """`decode.quantize: int8`: the int8 copy of `transformer_mt.model.quantize` (CPU only)."""
-    from transformer_mt.model.quantize import QuantizeError, quantize_int8
+    from transformer_mt.model.quantize import quantize_int8
 
-    try:
-        return quantize_int8(model)
-    except QuantizeError as err:
-        raise TranslateError(str(err)) from None
+    return quantize_int8(model)
 
 
 # -- files
@@ -375,7 +367,7 @@ def input_lines(input: str | Path | None) -> Iterator[str]:
 
     UTF-8, split on '\\n' only. A line is yielded as soon as it is complete, so
     a terminal or a pipe that stays open is read line by line; a bad byte or
-    an unreadable file is a TranslateError naming the input (and the line).
+    an unreadable file is a UserError naming the input (and the line).
     """
     name = "<stdin>" if input is None else str(input)
     lines = read_lines(name, sys.stdin.buffer if input is None else None)
@@ -384,8 +376,6 @@ def input_lines(input: str | Path | None) -> Iterator[str]:
             line = next(lines)
         except StopIteration:
             return
-        except InputError as err:
-            raise TranslateError(str(err)) from None
         except OSError as err:
             raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
         yield line

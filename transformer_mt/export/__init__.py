@@ -24,25 +24,16 @@ import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, CTranslate2Error, pieces_of
-from transformer_mt.decode.ctranslate2_engine import require_ctranslate2 as _require
+from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
+from transformer_mt.errors import UserError
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError):
     """A problem the user can fix; the message names the file or option and the fix."""
-
-
-def require_ctranslate2() -> ModuleType:
-    """The ctranslate2 module, or an ExportError saying how to install it."""
-    try:
-        return _require()
-    except CTranslate2Error as err:
-        raise ExportError(str(err)) from None
 
 
 def export_ctranslate2(
@@ -55,7 +46,7 @@ def export_ctranslate2(
     (the same), float16 or bfloat16 (for GPUs). An existing ``out`` is
     replaced only with ``force``.
     """
-    from transformer_mt.decode.translate import TranslateError, Translator
+    from transformer_mt.decode.translate import Translator
 
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
@@ -65,10 +56,8 @@ def export_ctranslate2(
     ct2 = require_ctranslate2()
     from transformer_mt.export.ctranslate2_spec import TmtConverter
 
-    try:  # the fp32 model whatever its decode.quantize says: CTranslate2 quantizes on its own
-        translator = Translator.from_checkpoints(checkpoints, device="cpu", overrides=["decode.quantize=none"])
-    except TranslateError as err:
-        raise ExportError(str(err)) from None
+    # the fp32 model whatever its decode.quantize says: CTranslate2 quantizes on its own
+    translator = Translator.from_checkpoints(checkpoints, device="cpu", overrides=["decode.quantize=none"])
     check_exportable(translator.cfg.model)
     with atomic_directory(out) as tmp:
         converter = TmtConverter(translator.model, pieces_of(translator.bpe))

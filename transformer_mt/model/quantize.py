@@ -21,10 +21,11 @@ import warnings
 import torch
 from torch import nn
 
+from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import Transformer
 
 
-class QuantizeError(RuntimeError):
+class QuantizeError(UserError):
     """int8 decoding was asked for where it cannot run; the message says what to pass instead."""
 
 

@@ -12,12 +12,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, read_average, write_checkpoint
+from transformer_mt.checkpoint import Checkpoint, read_average, write_checkpoint
 from transformer_mt.config import ConfigError, TrainConfig, load_config
+from transformer_mt.errors import UserError
 from transformer_mt.train.checkpoint import list_checkpoints, newest_readable
 
 
-class AverageError(RuntimeError):
+class AverageError(UserError):
     """Checkpoints that cannot be averaged; the message names the file and, where it applies, the key."""
 
 
@@ -59,9 +60,6 @@ def default_last(run_dir: str | Path) -> int:
 
 def average_checkpoints(paths: Sequence[str | Path], out: str | Path) -> Checkpoint:
     """`read_average` of ``paths`` written to ``out`` (atomically); returns what was written."""
-    try:
-        result = read_average(paths)
-        write_checkpoint(out, result)
-    except CheckpointError as err:
-        raise AverageError(str(err)) from None
+    result = read_average(paths)
+    write_checkpoint(out, result)
     return result

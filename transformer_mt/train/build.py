@@ -79,15 +79,12 @@ def prepare_on_rank0(cfg: Config, env: DistEnv) -> Path:
     (`wait_until_prepared`) and nobody waits in a collective meanwhile. When
     rank 0 fails it raises at once, and torchrun stops the waiting ranks.
     """
-    from transformer_mt.data.prepare import PrepareError, prepare_data, wait_until_prepared
+    from transformer_mt.data.prepare import prepare_data, wait_until_prepared
 
     if not env.is_main:
         wait_until_prepared(cfg, f"rank {env.rank}")
         return Path(cfg.data.dir)
-    try:
-        return Path(prepare_data(cfg))
-    except PrepareError as err:
-        raise TrainError(str(err)) from None
+    return Path(prepare_data(cfg))
 
 
 def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:

@@ -27,12 +27,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch
+from transformer_mt.errors import UserError
 from transformer_mt.train.distributed import DistEnv, all_reduce_, all_reduce_sum
 from transformer_mt.train.loss import label_smoothed_nll_loss
 from transformer_mt.train.schedule import set_lr
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError):
     """A training problem the user can fix; the message says what to change."""
 
 

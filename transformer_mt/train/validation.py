@@ -19,7 +19,7 @@ from torch import nn
 from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_batches
 from transformer_mt.data.bpe import load_bpe
-from transformer_mt.data.clean import InputError, read_lines
+from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.decode.translate import Translator, empty_outputs
 from transformer_mt.evaluate import corpus_sacrebleu
@@ -137,8 +137,6 @@ class ValidBleu:
         src, ref = Path(f"{d.valid}.{d.src_lang}"), Path(f"{d.valid}.{d.tgt_lang}")
         try:
             sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
-        except InputError as err:
-            raise TrainError(str(err)) from None
         except OSError as err:
             raise TrainError(f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid") from None
         decode = dataclasses.replace(self.cfg.decode, beam_size=tc.valid_bleu_beam, nbest=1)
