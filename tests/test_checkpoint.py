@@ -169,6 +169,28 @@ def test_code_in_a_pickle_is_never_run(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+class _Code:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (lambda path: torch.save({"model": {}, "x": _Code()}, path), "it holds Python objects other than tensors"),
+        (lambda path: path.write_bytes(b"PK\x03\x04" + os.urandom(500)), "the file is truncated or corrupt"),
+        (lambda path: path.write_text("hello"), "the file is truncated or corrupt"),
+    ],
+)
+def test_an_unreadable_file_never_echoes_the_advice_to_load_it_unsafely(tmp_path, content, reason):
+    path = tmp_path / "bad.pt"
+    content(path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert f"bad.pt: not a readable checkpoint: {reason}" in str(err.value)
+    assert "weights_only" not in str(err.value) and "trusted source" not in str(err.value)
+
+
 def test_not_a_tmt_checkpoint(tmp_path):
     path = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(1)}, path)

@@ -6,31 +6,39 @@ what reaches the terminal is checked whole; a bug keeps its traceback.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from transformer_mt import attention_maps, checkpoint, config, evaluate, export, plots, runs
 from transformer_mt.cli import app
+from transformer_mt.config import Config
 from transformer_mt.data import bpe, clean, download_files, prepare, testsets
 from transformer_mt.decode import ctranslate2_engine, translate
 from transformer_mt.errors import UserError
 from transformer_mt.model import quantize
 from transformer_mt.train import average, step
+from transformer_mt.train.trainer import train_model
 
 
-def tmt(*args: str, cwd: Path | None = None, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    """``tmt ARGS`` in a new process: what a user sees."""
+def tmt(*args: str, close_stdin: bool = False, **kwargs: object) -> subprocess.CompletedProcess:
+    """``tmt ARGS`` in a new process, stdin empty (or closed, as `<&-` leaves it): what a user sees."""
     return subprocess.run(
         [sys.executable, "-m", "transformer_mt", *args],
-        cwd=cwd,
-        stdin=stdin,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.close(0)) if close_stdin else None,
         capture_output=True,
         text=True,
         timeout=300,
+        **kwargs,
     )
 
 
@@ -84,3 +92,98 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     result = CliRunner().invoke(app, ["score", "--hyp", str(hyp), "--ref", str(hyp)])
     assert isinstance(result.exception, ZeroDivisionError)
     assert result.exit_code == 1
+
+
+# -- each of these was a traceback, a wrong value accepted, or a misleading message
+
+
+@pytest.fixture(scope="module")
+def ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight checkpoint on the toy vocabulary, with short outputs: decoding it takes a moment."""
+    from test_decode_translate import write_checkpoint
+
+    decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3, beam_size=2)
+    path = tmp_path_factory.mktemp("cli") / "ckpt.pt"
+    write_checkpoint(dataclasses.replace(prepared_toy, decode=decode), path, seed=0)
+    return path
+
+
+def invoke(*args: str, stdin: str | None = None) -> str:
+    """``tmt ARGS`` in this process; asserts a user error (exit 2, no exception left) and returns what it printed."""
+    result = CliRunner().invoke(app, list(args), input=stdin)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    return " ".join(result.output.split())
+
+
+def test_translate_with_stdin_closed(ckpt: Path) -> None:
+    done = tmt("translate", "-c", str(ckpt), close_stdin=True)
+    assert_user_error(done, "standard input is closed; pass -i FILE")
+
+
+def test_translate_output_a_directory_fails_before_any_model_loads(tmp_path: Path) -> None:
+    src = tmp_path / "in.en"
+    src.write_text("a sentence\n")
+    out = invoke("translate", "-c", str(tmp_path / "not_read.pt"), "-i", str(src), "-o", str(tmp_path))
+    assert f"-o {tmp_path} is a directory" in out and "not_read.pt" not in out
+
+
+def test_average_output_a_directory_says_so_and_not_disk_space(ckpt: Path, tmp_path: Path) -> None:
+    out = invoke("average", "-i", str(ckpt), "-i", str(ckpt), "-o", str(tmp_path))
+    assert f"-o {tmp_path} is a directory" in out and "disk" not in out
+
+
+def test_a_device_torch_does_not_know(ckpt: Path) -> None:
+    out = invoke("translate", "-c", str(ckpt), "--device", "tpu", stdin="a\n")
+    assert "--device tpu: not a device torch knows; use cpu, cuda or cuda:N" in out
+
+
+def test_cuda_where_torch_has_none(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only build, on any machine
+    out = invoke("translate", "-c", str(ckpt), "--device", "cuda", stdin="a\n")
+    assert "--device cuda: this machine has no CUDA GPU that torch can use; use --device cpu" in out
+
+
+def test_score_and_evaluate_refuse_empty_files(ckpt: Path, tmp_path: Path) -> None:
+    empty, one = tmp_path / "empty.txt", tmp_path / "one.txt"
+    empty.write_text("")
+    one.write_text("a line\n")
+    assert "empty.txt: the hypothesis file is empty" in invoke("score", "--hyp", str(empty), "--ref", str(one))
+    out = invoke("evaluate", "-c", str(ckpt), "--src", str(empty), "--ref", str(one), "-o", str(tmp_path / "e"))
+    assert "empty.txt: the source file is empty" in out
+
+
+def test_a_crafted_checkpoint_never_suggests_an_unsafe_load(tmp_path: Path) -> None:
+    path = tmp_path / "crafted.pt"
+    path.write_bytes(pickle.dumps({"model": {}}, protocol=2))  # a plain pickle, not torch's zip
+    out = invoke("translate", "-c", str(path), stdin="a\n")
+    assert "crafted.pt: not a readable checkpoint" in out and "weights_only" not in out
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, where every write fails as on a full disk")
+def test_a_full_disk_when_the_run_starts(prepared_toy: Config, tmp_path: Path) -> None:
+    """metrics.jsonl on a device where the OS refuses every write with ENOSPC, as a full disk does."""
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    (save_dir / "metrics.jsonl").symlink_to("/dev/full")
+    cfg = dataclasses.replace(prepared_toy, train=dataclasses.replace(prepared_toy.train, save_dir=str(save_dir)))
+    with pytest.raises(UserError, match=r"metrics\.jsonl: cannot write \(No space left on device\); free space"):
+        train_model(cfg)
+
+
+def test_ctrl_c_in_interactive_translation_exits_130_quietly(ckpt: Path) -> None:
+    """The translation of each line is out before Ctrl-C; then no traceback, the shell's status for SIGINT."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", "translate", "-c", str(ckpt), "--buffer-lines", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        proc.stdin.write(b"The old man sees the red car.\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first.endswith(b"\n") and rest == b""
+    assert proc.returncode == 130 and b"Traceback" not in err, err.decode()

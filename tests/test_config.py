@@ -149,6 +149,34 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(_yaml(tmp_path / "x.yaml", "train: [unclosed\n"))
 
 
+def test_a_missing_base_names_the_file_whose_base_line_is_wrong(tmp_path):
+    child = _yaml(tmp_path / "child.yaml", "base: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"child\.yaml: base: missing\.yaml not found"):
+        load_config(child)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr_scale=-1", r"train\.lr_scale must be a number, 0 or more"),  # trained with a negative lr before
+        ("train.lr_scale=.nan", r"train\.lr_scale must be a number, 0 or more.*got nan"),  # caught after 10 updates
+        ("train.lr_scale=.inf", r"train\.lr_scale must be a number, 0 or more"),
+        ("train.adam_beta1=2.0", r"train\.adam_beta1 must be in \[0, 1\)"),
+        ("train.adam_beta2=1.0", r"train\.adam_beta2 must be in \[0, 1\)"),
+        ("train.adam_eps=0", r"train\.adam_eps must be a small positive number"),
+        ("train.lr=.nan", r"train\.lr must be a number"),
+        ("train.seed=-1", r"train\.seed must be an integer from 0 to 4294967295, got -1"),
+        ("train.seed=12345678901234567890", r"train\.seed must be an integer from 0 to 4294967295"),
+        ("bpe.seed=-1", r"bpe\.seed must be an integer"),
+        ("decode.max_len_a=-0.5", r"decode\.max_len_a must be 0 or more"),
+        ("decode.max_len_b=-1", r"decode\.max_len_b must be 0 or more"),
+    ],
+)
+def test_values_that_would_train_or_decode_wrongly_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
 def test_round_trip_through_dict_and_yaml(tmp_path):
     cfg = load_config(None, ["model.d_model=256", "model.heads=4", "decode.beam_size=6"])
     assert config_from_dict(cfg.to_dict()) == cfg

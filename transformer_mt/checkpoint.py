@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,13 +249,26 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # truncated zip, bad magic, foreign pickle: all mean "not a usable checkpoint"
-        raise CheckpointError(
-            f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "the file is truncated or corrupt: delete it, or pick another checkpoint of the run"
-        ) from None
+        raise _unreadable(path, err) from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a tmt checkpoint (no 'model' entry); was it written by `tmt train`?")
     return state
+
+
+def _unreadable(path: Path, err: Exception) -> CheckpointError:
+    """Why torch could not load ``path``, in tmt's words only.
+
+    torch's own message for a pickle that a safe load refuses advises loading
+    it with ``weights_only=False``, which would run whatever code a crafted
+    file holds; tmt never writes such a file, so it never passes that on.
+    """
+    if isinstance(err, pickle.UnpicklingError):
+        why = "it holds Python objects other than tensors and plain values, which tmt never writes and never loads"
+    else:
+        why = "the file is truncated or corrupt"
+    return CheckpointError(
+        f"{path}: not a readable checkpoint: {why}; delete it, or pick another checkpoint of the run"
+    )
 
 
 # ---------------------------------------------------------------- averaging

@@ -256,6 +256,7 @@ def average(
     and `tmt evaluate` load like any other; it carries the config and BPE
     model of the newest input.
     """
+    from transformer_mt.files import check_output_file
     from transformer_mt.train.average import average_checkpoints, default_last, last_checkpoints
 
     if inputs:
@@ -265,6 +266,7 @@ def average(
     else:
         raise UserError("give a RUN_DIR (with --last K) or --inputs a.pt b.pt ...")
     out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
+    check_output_file(out, example="average.pt")
     average_checkpoints(paths, out)
     typer.echo(f"averaged {len(paths)} checkpoints -> {out}")
 
@@ -348,18 +350,35 @@ def translate(
     """
     import sys
 
-    from transformer_mt.decode.stream import stream_lines, translate_interactive
+    from transformer_mt.decode.stream import stream_lines
     from transformer_mt.decode.translate import translate_file
+    from transformer_mt.files import check_output_file
 
     settings = dict(
         beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, device=device,
         overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
     )  # fmt: skip
-    stream = stream_lines(buffer_lines, input, output, input is None and sys.stdin.isatty())
+    if output is not None:
+        check_output_file(output, example="translations.txt")
+    terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
+    stream = stream_lines(buffer_lines, input, output, terminal)
     if stream is None:
         translate_file(checkpoint, input, output, **settings)
     else:
+        _translate_interactive(checkpoint, input, stream, settings)
+
+
+def _translate_interactive(checkpoint: list[Path], input: Path | None, stream: int, settings: dict) -> None:
+    """Ctrl-C is how a person at a terminal stops: every translation is printed already, so exit 130 quietly."""
+    import sys
+
+    from transformer_mt.decode.stream import translate_interactive
+
+    try:
         translate_interactive(checkpoint, input, stream, **settings)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,9 +220,18 @@ def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> Config:
     return cfg
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any], str]]:
-    """Read ``path`` and the files it inherits from, oldest ancestor first."""
+def _read_yaml(path: Path, chain: tuple[Path, ...], referrer: Path | None = None) -> list[tuple[dict[str, Any], str]]:
+    """Read ``path`` and the files it inherits from, oldest ancestor first.
+
+    A missing base is reported with the file whose ``base:`` names it: the
+    fix is in that file, and a path relative to it is easy to get wrong.
+    """
     if not path.is_file():
+        if referrer is not None:
+            raise ConfigError(
+                f"{referrer}: base: {path.name} not found (looked for {path}, relative to {referrer}); "
+                "fix the base: line or create that file"
+            )
         raise ConfigError(f"config file not found: {path}")
     if path.resolve() in chain:
         raise ConfigError(f"{path}: 'base:' inheritance loops back to {path}")
@@ -234,7 +244,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any]
     layers: list[tuple[dict[str, Any], str]] = []
     base = raw.pop("base", None)
     if base is not None:
-        layers = _read_yaml((path.parent / str(base)), chain + (path.resolve(),))
+        layers = _read_yaml((path.parent / str(base)), chain + (path.resolve(),), referrer=path)
     return layers + [(raw, str(path))]
 
 
@@ -318,6 +328,8 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
     _validate_schedule(cfg.train)
+    _validate_optimizer(cfg)
+    _validate_decode(cfg.decode)
     if cfg.train.pad_to_multiple < 0:
         raise ConfigError(
             f"train.pad_to_multiple must be 0 (off) or a multiple such as 8, got {cfg.train.pad_to_multiple}"
@@ -327,6 +339,34 @@ def validate(cfg: Config) -> None:
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
         raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
     _validate_validation(cfg.train)
+
+
+SEED_MAX = 2**32 - 1  # numpy's legacy seeding and sentencepiece take 32 bits
+
+
+def _validate_optimizer(cfg: Config) -> None:
+    """Values torch and numpy would accept but train wrongly with, or refuse only once training has begun."""
+    tc = cfg.train
+    if not (math.isfinite(tc.lr_scale) and tc.lr_scale >= 0):
+        raise ConfigError(f"train.lr_scale must be a number, 0 or more (the paper: 1.0), got {tc.lr_scale}")
+    if not math.isfinite(tc.lr):
+        raise ConfigError(f"train.lr must be a number (or 0 for the paper's peak), got {tc.lr}")
+    for key, beta in (("train.adam_beta1", tc.adam_beta1), ("train.adam_beta2", tc.adam_beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1) (the paper: 0.9 and 0.98), got {beta}")
+    if not (math.isfinite(tc.adam_eps) and tc.adam_eps > 0):
+        raise ConfigError(f"train.adam_eps must be a small positive number (the paper: 1e-9), got {tc.adam_eps}")
+    for key, seed in (("train.seed", tc.seed), ("bpe.seed", cfg.bpe.seed)):
+        if not 0 <= seed <= SEED_MAX:
+            raise ConfigError(f"{key} must be an integer from 0 to {SEED_MAX}, got {seed}")
+
+
+def _validate_decode(d: DecodeConfig) -> None:
+    """The longest output, max_len_a x source length + max_len_b, cannot be negative."""
+    if not (math.isfinite(d.max_len_a) and d.max_len_a >= 0):
+        raise ConfigError(f"decode.max_len_a must be 0 or more (the paper: 1), got {d.max_len_a}")
+    if d.max_len_b < 0:
+        raise ConfigError(f"decode.max_len_b must be 0 or more (the paper: 50), got {d.max_len_b}")
 
 
 def _validate_data(d: DataConfig) -> None:

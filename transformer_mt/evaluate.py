@@ -79,11 +79,18 @@ def bleu_details(score: Any) -> dict[str, Any]:
 
 
 def read_lines(path: Path, role: str) -> list[str]:
-    """Lines of a UTF-8 file, split on '\\n' only; a bad byte is an error naming the file and line."""
+    """Lines of a UTF-8 file, split on '\\n' only; a bad byte is an error naming the file and line.
+
+    An empty file is refused: a corpus score of no sentences does not
+    exist (sacreBLEU fails on it), and it is almost always the wrong file.
+    """
     try:
-        return list(_read_utf8_lines(path))
+        lines = list(_read_utf8_lines(path))
     except OSError as err:
         raise EvaluateError(f"{path}: cannot read the {role} file ({err.strerror})") from None
+    if not lines:
+        raise EvaluateError(f"{path}: the {role} file is empty; nothing to score (is it the right file?)")
+    return lines
 
 
 def corpus_sacrebleu(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:

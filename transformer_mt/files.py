@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from transformer_mt.errors import UserError
+
 _TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8,}\.tmp$")  # 8 hex digits: names written before 16
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -70,6 +72,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def check_output_file(path: str | Path, flag: str = "-o", example: str = "out.txt") -> None:
+    """Refuse, before any work is done, an output file path that names a directory.
+
+    The atomic rename at the end would fail only after the work (hours of
+    translating, say) and in words about the rename; this says which flag
+    to fix. ``example``: a file name to suggest inside that directory.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a directory; {flag} names the output file, e.g. {flag} {path / example}")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

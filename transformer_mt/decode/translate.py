@@ -67,6 +67,23 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_device(name: str | torch.device | None, default: str | None = None) -> torch.device:
+    """``--device`` as a torch device, refused here when this machine cannot run it (before any model loads).
+
+    torch would accept ``cuda`` on a build without CUDA and fail on the
+    first tensor moved, in an assertion about how it was compiled.
+    """
+    try:
+        device = torch.device(name or default or default_device())
+    except RuntimeError:
+        raise TranslateError(f"--device {name}: not a device torch knows; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TranslateError(f"--device {name}: this machine has no CUDA GPU that torch can use; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise TranslateError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), from cuda:0")
+    return device
+
+
 def load_state(paths: Sequence[Path]) -> Checkpoint:
     """The checkpoint of ``paths``, averaged by `read_average` when there are several (what `tmt average` writes).
 
@@ -151,7 +168,7 @@ class Translator:
         paths = [Path(p) for p in paths]
         if not paths:
             raise TranslateError("no checkpoint given; pass one or more with -c CHECKPOINT")
-        device = torch.device(device or default_device())
+        device = resolve_device(device)
         if ensemble and len(paths) > 1:
             models, cfg, spm_model = load_ensemble(paths, overrides, device)
             model: Transformer | Ensemble = Ensemble(models)
@@ -185,7 +202,7 @@ class Translator:
             directory = model_directory(paths)
             cfg = set_decode(_exported_config(directory, overrides), **flags)
             bpe = load_bpe(directory / SPM_MODEL)
-            device = torch.device(device or "cpu")
+            device = resolve_device(device, default="cpu")
             return cls(None, bpe, cfg, device, search=CTranslate2Search(directory, cfg, bpe, device))
         except CTranslate2Error as err:
             raise TranslateError(f"--engine ctranslate2: {err}") from None
@@ -369,6 +386,8 @@ def input_lines(input: str | Path | None) -> Iterator[str]:
     a terminal or a pipe that stays open is read line by line; a bad byte or
     an unreadable file is a UserError naming the input (and the line).
     """
+    if input is None and sys.stdin is None:
+        raise TranslateError("standard input is closed; pass -i FILE, or pipe or type the text in")
     name = "<stdin>" if input is None else str(input)
     lines = read_lines(name, sys.stdin.buffer if input is None else None)
     while True:

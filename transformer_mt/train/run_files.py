@@ -31,6 +31,7 @@ from transformer_mt.config import Config, save_config
 from transformer_mt.files import atomic_write_text
 from transformer_mt.model.transformer import flops_per_token
 from transformer_mt.train.distributed import DistEnv, all_gather_object
+from transformer_mt.train.step import TrainError
 
 # ---------------------------------------------------------------- RNG
 
@@ -121,7 +122,10 @@ def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 
 def write_config(cfg: Config, save_dir: Path) -> None:
     """``save_dir/config.yaml``, written whole or not at all (`save_config` writes atomically)."""
-    save_config(cfg, save_dir / "config.yaml")
+    try:
+        save_config(cfg, save_dir / "config.yaml")
+    except OSError as err:
+        raise unwritable(save_dir / "config.yaml", err) from None
 
 
 def start_record(
@@ -178,11 +182,17 @@ class RunFiles:
             tensorboard = SummaryWriter(str(save_dir / "tensorboard"))
         except ImportError:  # optional: `pip install tensorboard` to get event files
             tensorboard = None
-        return cls(save_dir, tensorboard, open(path, "a", encoding="utf-8"))
+        try:
+            return cls(save_dir, tensorboard, open(path, "a", encoding="utf-8"))
+        except OSError as err:
+            raise unwritable(path, err) from None
 
     def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(record) + "\n")
+            self._metrics.flush()
+        except OSError as err:
+            raise unwritable(self.save_dir / "metrics.jsonl", err) from None
         if self.tensorboard is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("update", "epoch"):
@@ -192,6 +202,14 @@ class RunFiles:
         self._metrics.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def unwritable(path: Path, err: OSError) -> TrainError:
+    """A run file the OS refuses to write (a full disk, most often), as the error that says where to make room."""
+    return TrainError(
+        f"{path}: cannot write ({err.strerror or err}); free space on that disk or set train.save_dir to a "
+        "directory with room, then run the same command again (it resumes)"
+    )
 
 
 def truncate_metrics(path: Path, update: int | None) -> None:
