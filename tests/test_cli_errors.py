@@ -129,7 +129,7 @@ def test_translate_output_a_directory_fails_before_any_model_loads(tmp_path: Pat
 
 
 def test_average_output_a_directory_says_so_and_not_disk_space(ckpt: Path, tmp_path: Path) -> None:
-    out = invoke("average", "-i", str(ckpt), "-i", str(ckpt), "-o", str(tmp_path))
+    out = invoke("average", str(ckpt), str(ckpt), "-o", str(tmp_path))
     assert f"-o {tmp_path} is a directory" in out and "disk" not in out
 
 

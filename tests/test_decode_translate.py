@@ -159,8 +159,7 @@ def test_averaging_on_the_fly_equals_tmt_average(ckpts: list[Path], toy_cfg: Con
     newer = dataclasses.replace(toy_cfg, decode=dataclasses.replace(toy_cfg.decode, beam_size=2, len_penalty=1.0))
     write_checkpoint(newer, tmp_path / "b.pt", seed=1)
     inputs = [ckpts[0], tmp_path / "b.pt"]
-    result = CliRunner().invoke(app, ["average", "--inputs", str(inputs[0]), "--inputs", str(inputs[1]),
-                                      "-o", str(tmp_path / "avg.pt")])  # fmt: skip
+    result = CliRunner().invoke(app, ["average", str(inputs[0]), str(inputs[1]), "-o", str(tmp_path / "avg.pt")])
     assert result.exit_code == 0, result.output
     written = load_checkpoint(tmp_path / "avg.pt")
     on_the_fly = Translator.from_checkpoints(inputs, device="cpu")

@@ -164,21 +164,23 @@ def test_cli_average(tmp_path):
     assert avg["averaged_from"] == [str(tmp_path / checkpoint_name(u)) for u in (20, 30)]
     out = tmp_path / "two.pt"
     a, b = (str(tmp_path / checkpoint_name(u)) for u in (10, 30))
-    result = CliRunner().invoke(app, ["average", "--inputs", a, "--inputs", b, "-o", str(out)])
+    result = CliRunner().invoke(app, ["average", a, b, "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert load_checkpoint(out)["update"] == 30
     result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "3", "-o", str(out)])
     assert len(load_checkpoint(out)["averaged_from"]) == 3
     result = CliRunner().invoke(app, ["average", str(tmp_path / "missing")])
     assert result.exit_code != 0 and "no such run directory" in result.output
+    result = CliRunner().invoke(app, ["average", a, b, "--last", "2"])
+    assert result.exit_code == 2 and "--last 2 picks checkpoints of a run directory" in result.output
 
 
-def test_cli_average_inputs_without_run_dir_writes_to_the_working_directory(tmp_path, monkeypatch):
+def test_cli_average_of_checkpoint_files_writes_to_the_working_directory(tmp_path, monkeypatch):
     a, b = (_ckpt(tmp_path / checkpoint_name(u), u, _model(u)) for u in (10, 20))
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = CliRunner().invoke(app, ["average", "--inputs", str(a), "--inputs", str(b)])
+    result = CliRunner().invoke(app, ["average", str(a), str(b)])
     assert result.exit_code == 0, result.output
     assert load_checkpoint(work / "average.pt")["update"] == 20
     help_text = CliRunner().invoke(app, ["average", "--help"]).output

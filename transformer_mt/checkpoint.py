@@ -244,6 +244,8 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
 
 def _load(path: Path, mmap: bool) -> dict[str, Any]:
+    if path.is_dir():
+        raise CheckpointError(_directory_message(path))
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -253,6 +255,17 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a tmt checkpoint (no 'model' entry); was it written by `tmt train`?")
     return state
+
+
+def _directory_message(path: Path) -> str:
+    """``-c RUN_DIR``: a run directory holds many checkpoints, so name the ones a user most likely meant."""
+    found = [path / name for name in ("average.pt", "checkpoint_best.pt") if (path / name).is_file()]
+    if found:
+        return f"{path} is a directory, not a checkpoint file; did you mean {' or '.join(map(str, found))}?"
+    return (
+        f"{path} is a directory, not a checkpoint file; pass one of its checkpoint_u*.pt, or average its newest "
+        f"first: tmt average {path}"
+    )
 
 
 def _unreadable(path: Path, err: Exception) -> CheckpointError:

@@ -133,7 +133,7 @@ def load(config: Path, overrides: list[str] | None, show: bool = True) -> Config
 
 @app.command()
 def synth(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for train/valid/test files.")] = Path(
+    out: Annotated[Path, typer.Option("--out-dir", "--out", "-o", help="Directory for train/valid/test files.")] = Path(
         "toy/corpus"
     ),
     pairs: Annotated[int, typer.Option(help="Training sentence pairs.")] = 50_000,
@@ -230,22 +230,24 @@ def _set_args(overrides: list[str] | None) -> list[str]:
 
 @app.command()
 def average(
-    run_dir: Annotated[Path | None, typer.Argument(help="Run directory holding checkpoints.")] = None,
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A run directory (its newest checkpoints, see --last), or the checkpoint files to average.",
+            metavar="RUN_DIR|CHECKPOINT",
+            show_default=False,
+        ),
+    ],
     last: Annotated[
         int | None,
         typer.Option(
             "--last", help="Average the newest K readable checkpoints by update (default: train.average_last)."
         ),
     ] = None,
-    inputs: Annotated[
-        list[Path] | None, typer.Option("--inputs", "-i", help="Average exactly these checkpoint files instead.")
-    ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output",
-            "-o",
-            help="Output file (default: RUN_DIR/average.pt; ./average.pt with --inputs and no RUN_DIR).",
+            "--output", "-o", help="Output file (default: RUN_DIR/average.pt; ./average.pt for checkpoint files)."
         ),
     ] = None,
 ) -> None:
@@ -255,18 +257,19 @@ def average(
     (parameters summed in float64). The output is a checkpoint `tmt translate`
     and `tmt evaluate` load like any other; it carries the config and BPE
     model of the newest input.
+
+    Examples: tmt average runs/base --last 5 (writes runs/base/average.pt);
+    tmt average runs/base/checkpoint_u0090000.pt runs/base/checkpoint_u0100000.pt -o avg.pt
     """
     from transformer_mt.files import check_output_file
     from transformer_mt.train.average import average_checkpoints, default_last, last_checkpoints
 
-    if inputs:
-        paths = list(inputs)
-    elif run_dir is not None:
-        paths = last_checkpoints(run_dir, last if last is not None else default_last(run_dir))
-    else:
-        raise UserError("give a RUN_DIR (with --last K) or --inputs a.pt b.pt ...")
+    run_dir = inputs[0] if len(inputs) == 1 and not inputs[0].is_file() else None
+    if run_dir is None and last is not None:
+        raise UserError(f"--last {last} picks checkpoints of a run directory; give one directory, not files")
     out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
     check_output_file(out, example="average.pt")
+    paths = inputs if run_dir is None else last_checkpoints(run_dir, default_last(run_dir) if last is None else last)
     average_checkpoints(paths, out)
     typer.echo(f"averaged {len(paths)} checkpoints -> {out}")
 
@@ -397,7 +400,10 @@ def evaluate(
     src: Annotated[Path | None, typer.Option("--src", help="Local source file instead of a named test set.")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", help="Local reference file instead of a named test set.")] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Directory for hypotheses and scores.json.")
+        Path | None,
+        typer.Option(
+            "--out-dir", "--output", "-o", help="Directory for hyp.<lang> and scores.json (default: see below)."
+        ),
     ] = None,
     beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4).")] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
@@ -424,7 +430,7 @@ def evaluate(
     newstest2014.en --ref newstest2014.de. `tmt evaluate test -c CKPT` (or
     valid) scores the raw files of the split the checkpoint's config names,
     data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
-    it was trained in. Writes hyp.<lang> and scores.json to --output
+    it was trained in. Writes hyp.<lang> and scores.json to --out-dir
     (default: eval_<name> beside the checkpoint, e.g. eval_test).
     """
     from transformer_mt.evaluate import evaluate_checkpoint
@@ -444,7 +450,7 @@ def export(
             "--checkpoint", "-c", help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several."
         ),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The model directory to write.")],
+    output: Annotated[Path, typer.Option("--out-dir", "--output", "-o", help="The model directory to write.")],
     quantization: Annotated[
         str,
         typer.Option(
@@ -484,22 +490,28 @@ def score(
     lang: Annotated[
         str, typer.Option("--lang", help="Target language for Moses tokenization; 'de' also splits compounds.")
     ] = "de",
-    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the scores as JSON here.")] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out-dir", "-o", help="Also write the scores to DIR/scores.json, as tmt evaluate does."),
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the scores as JSON to this file.")] = None,
 ) -> None:
     """Score existing output: sacreBLEU with signature, chrF, and the paper's tokenized compound-split BLEU.
 
     The paper's figure is tensor2tensor's get_ende_bleu.sh: Moses punctuation
     replacement and tokenization, ##AT##-##AT## compound splitting, multi-bleu.
+    The scores print to stdout; --out-dir and --json write them as the
+    scores.json of tmt evaluate (without its decoding settings).
     """
-    from transformer_mt.evaluate import format_scores, score_files
+    from transformer_mt.evaluate import format_scores, score_files, write_scores
+    from transformer_mt.files import check_output_file
 
-    scores = score_files(hyp, ref, lang)
     if json_out is not None:
-        import json
-
-        from transformer_mt.files import atomic_write_lines
-
-        atomic_write_lines(json_out, [json.dumps(scores, indent=2)])
+        check_output_file(json_out, "--json", "scores.json")
+    scores = score_files(hyp, ref, lang)
+    for path in (json_out, out_dir / "scores.json" if out_dir else None):
+        if path is not None:
+            write_scores(path, scores)
     typer.echo(format_scores(scores))
 
 
@@ -632,7 +644,10 @@ def download(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Directory for train.*, newstest2013.*, newstest2014.* (default data/wmt14_en_de|fr)."
+            "--out-dir",
+            "--out",
+            "-o",
+            help="Directory for train.*, newstest2013.*, newstest2014.* (default data/wmt14_en_de|fr).",
         ),
     ] = None,
     source: Annotated[

@@ -136,6 +136,11 @@ def score_files(hyp: str | Path, ref: str | Path, lang: str = "de") -> dict[str,
     return {"hyp": str(hyp), "ref": str(ref), **score_lines(hyps, refs, lang)}
 
 
+def write_scores(path: Path, scores: dict[str, Any]) -> None:
+    """``scores`` as indented JSON, written whole or not at all: what `tmt report` reads back."""
+    atomic_write_lines(path, [json.dumps(scores, indent=2)])
+
+
 def format_scores(scores: dict[str, Any]) -> str:
     """A few aligned lines for people; scores.json holds the same and more."""
     s, c, p = scores["sacrebleu"], scores["chrf"], scores["paper_bleu"]
@@ -247,7 +252,7 @@ def evaluate_checkpoint(
         **score_files(hyp_path, ref_path, data.tgt_lang),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip
-    atomic_write_lines(out_dir / "scores.json", [json.dumps(scores, indent=2)])
+    write_scores(out_dir / "scores.json", scores)
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
     if warning:

@@ -1,0 +1,67 @@
+"""Flags mean the same in every command: -i the input file, -o where the output goes, -c a checkpoint file.
+
+`-o` names a file where a command writes one file (`--output`) and a
+directory where it writes several (`--out-dir`); the long name says which.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from transformer_mt.cli import app
+
+DIRECTORY_OUTPUTS = {"synth", "evaluate", "export", "download", "score"}  # score: --out-dir; --json is its file
+
+
+def _options(command: click.Command) -> dict[str, list[str]]:
+    """Each short flag of ``command`` and the names of the option it belongs to."""
+    return {opt: list(p.opts) for p in command.params for opt in p.opts if not opt.startswith("--")}
+
+
+@pytest.fixture(scope="module")
+def commands() -> dict[str, click.Command]:
+    return typer.main.get_command(app).commands
+
+
+def test_o_is_output_for_a_file_and_out_dir_for_a_directory(commands: dict[str, click.Command]) -> None:
+    with_o = {name: _options(c)["-o"] for name, c in commands.items() if "-o" in _options(c)}
+    assert set(with_o) >= {"translate", "average", "evaluate", "score", "export", "report", "plot", "attention"}
+    for name, names in with_o.items():
+        expected = "--out-dir" if name in DIRECTORY_OUTPUTS else "--output"
+        assert names[0] == expected, f"tmt {name}: -o is {names}"
+
+
+def test_i_is_the_input_file_of_translate_only(commands: dict[str, click.Command]) -> None:
+    assert [name for name, c in commands.items() if "-i" in _options(c)] == ["translate"]
+    assert _options(commands["translate"])["-i"] == ["--input", "-i"]
+
+
+def test_score_writes_scores_json_as_evaluate_does(tmp_path: Path) -> None:
+    hyp, ref = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hyp.write_text("Der alte Mann sieht das rote Auto .\nEin Hund .\n", encoding="utf-8")
+    ref.write_text("Der alte Mann sieht das rote Auto .\nEine Katze .\n", encoding="utf-8")
+    args = ["score", "--hyp", str(hyp), "--ref", str(ref), "-o", str(tmp_path / "out"), "--json", str(tmp_path / "s")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "out" / "scores.json").read_text())
+    assert written == json.loads((tmp_path / "s").read_text())
+    assert {"sentences", "sacrebleu", "chrf", "paper_bleu"} <= written.keys() and written["sentences"] == 2
+    assert f"sacreBLEU   {written['sacrebleu']['score']:6.2f}" in result.output
+
+
+def test_a_run_directory_given_as_checkpoint_names_the_files_it_holds(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    result = CliRunner().invoke(app, ["translate", "-c", str(run)], input="a\n")
+    assert result.exit_code == 2 and f"tmt average {run}" in result.output  # nothing to name yet
+    for name in ("checkpoint_best.pt", "average.pt"):
+        (run / name).write_bytes(b"")
+    result = CliRunner().invoke(app, ["translate", "-c", str(run)], input="a\n")
+    message = " ".join(result.output.split())
+    assert f"did you mean {run / 'average.pt'} or {run / 'checkpoint_best.pt'}?" in message
