@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.train.checkpoint import checkpoint_name
 from transformer_mt.train.init_from import shape_mismatch
@@ -93,6 +93,15 @@ def test_another_model_shape_is_refused_naming_the_keys(prepared_toy: Config, pa
     assert train_model(_cfg(more_dropout, tmp_path / "ok", max_updates=1, init_from=str(parent))).update == 1
     with pytest.raises(TrainError, match=r"missing\.pt does not exist; .*train\.init_from=''"):
         train_model(_cfg(prepared_toy, tmp_path / "run2", max_updates=1, init_from=str(tmp_path / "missing.pt")))
+
+
+def test_a_damaged_checkpoint_keeps_its_own_error_naming_the_file(prepared_toy: Config, tmp_path: Path) -> None:
+    """Checkpoint errors reach the command line as they are raised (a UserError), not re-wrapped as TrainError."""
+    crafted = tmp_path / "crafted.pt"
+    crafted.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"crafted\.pt: not a readable checkpoint"):
+        train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=1, init_from=str(crafted)))
+    assert not (tmp_path / "run" / checkpoint_name(1)).exists()
 
 
 def test_shape_mismatch_names_missing_extra_and_reshaped_weights() -> None:

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, write_checkpoint
-from transformer_mt.config import Config, ConfigError, config_from_dict
+from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
+from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.batching import epoch_batches, resume_position
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
 from transformer_mt.model.transformer import count_parameters, flops_per_token
@@ -773,8 +773,6 @@ def train_model(cfg: Config) -> TrainResult:
     try:
         with hold_run_dir(Path(cfg.train.save_dir), env):
             return Trainer(cfg, env).run()
-    except (ConfigError, CheckpointError) as err:
-        raise TrainError(str(err)) from None
     finally:
         cleanup(env)
         torch.set_num_threads(threads)
