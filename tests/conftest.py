@@ -63,6 +63,20 @@ def prepared_toy(tmp_path_factory) -> Config:
     return cfg
 
 
+@pytest.fixture(scope="session")
+def toy_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight checkpoint on the toy vocabulary with short outputs (at most half the source length + 3
+    tokens), so that decoding it takes a moment. Session-scoped: treat it as read-only."""
+    import dataclasses
+
+    from test_decode_translate import write_checkpoint
+
+    decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3)
+    path = tmp_path_factory.mktemp("toy_ckpt") / "ckpt.pt"
+    write_checkpoint(dataclasses.replace(prepared_toy, decode=decode), path, seed=0)
+    return path
+
+
 @pytest.fixture
 def unprepared_toy(tmp_path) -> Config:
     """A small toy corpus (300 train / 20 valid / 20 test pairs) under ``tmp_path``, not prepared yet; its config."""

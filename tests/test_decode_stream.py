@@ -8,7 +8,6 @@ instead of hanging.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import subprocess
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from test_decode_translate import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
@@ -33,14 +31,6 @@ ANSWER_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = dataclasses.replace(prepared_toy, decode=dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=4))
-    path = tmp_path_factory.mktemp("stream") / "ckpt.pt"
-    write_checkpoint(cfg, path, seed=0)
-    return path
-
-
-@pytest.fixture(scope="module")
 def lines(prepared_toy: Config) -> list[str]:
     """Test sentences with empty and blank lines among them: every one must come back, in order."""
     text = Path(f"{prepared_toy.data.test}.{prepared_toy.data.src_lang}").read_text(encoding="utf-8").splitlines()
@@ -48,8 +38,8 @@ def lines(prepared_toy: Config) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def expected(ckpt: Path, lines: list[str]) -> list[str]:
-    t = Translator.from_checkpoints([ckpt], device="cpu", beam=2)
+def expected(toy_ckpt: Path, lines: list[str]) -> list[str]:
+    t = Translator.from_checkpoints([toy_ckpt], device="cpu", beam=2)
     t.show_progress = False
     out = t.translate_lines(lines)
     assert len(set(out)) > 3  # the outputs differ, so a line out of order would be noticed
@@ -80,11 +70,11 @@ def child_env() -> dict[str, str]:
 
 
 def test_buffer_lines_1_answers_each_line_before_the_next_is_sent(
-    ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
+    toy_ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
 ) -> None:
     with (tmp_path / "stderr").open("wb") as err:
         child = subprocess.Popen(
-            translate_command(ckpt, "--buffer-lines", "1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            translate_command(toy_ckpt, "--buffer-lines", "1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=err, env=child_env(),
         )  # fmt: skip
         assert child.stdin is not None and child.stdout is not None
@@ -105,14 +95,14 @@ def test_buffer_lines_1_answers_each_line_before_the_next_is_sent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as stdin")
 def test_a_terminal_gets_each_line_translated_as_it_is_typed(
-    ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
+    toy_ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
 ) -> None:
     import pty
 
     typist, terminal = pty.openpty()  # the child's stdin is a tty: no flag needed
     with (tmp_path / "stderr").open("wb") as err:
         child = subprocess.Popen(
-            translate_command(ckpt), stdin=terminal, stdout=subprocess.PIPE, stderr=err, env=child_env()
+            translate_command(toy_ckpt), stdin=terminal, stdout=subprocess.PIPE, stderr=err, env=child_env()
         )
         os.close(terminal)
         assert child.stdout is not None
@@ -130,17 +120,19 @@ def test_a_terminal_gets_each_line_translated_as_it_is_typed(
             os.close(typist)
 
 
-def test_buffered_groups_keep_every_line_in_order(ckpt: Path, lines: list[str], expected: list[str]) -> None:
+def test_buffered_groups_keep_every_line_in_order(toy_ckpt: Path, lines: list[str], expected: list[str]) -> None:
     text = "".join(line + "\n" for line in lines).encode()
     for n in ("1", "2", "3", "100"):
-        result = CliRunner().invoke(app, ["translate", "-c", str(ckpt), "--beam", "2", "--buffer-lines", n], input=text)
+        result = CliRunner().invoke(
+            app, ["translate", "-c", str(toy_ckpt), "--beam", "2", "--buffer-lines", n], input=text
+        )
         assert result.exit_code == 0, result.output
         assert result.stdout == "".join(line + "\n" for line in expected), n
 
 
-def test_nbest_rows_are_numbered_from_the_first_line_of_the_input(ckpt: Path, lines: list[str]) -> None:
+def test_nbest_rows_are_numbered_from_the_first_line_of_the_input(toy_ckpt: Path, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines).encode()
-    args = ["translate", "-c", str(ckpt), "--beam", "2", "--nbest", "2"]
+    args = ["translate", "-c", str(toy_ckpt), "--beam", "2", "--nbest", "2"]
     streamed = CliRunner().invoke(app, [*args, "--buffer-lines", "2"], input=text)
     whole = CliRunner().invoke(app, args, input=text)
     assert streamed.exit_code == whole.exit_code == 0, streamed.output + whole.output
@@ -163,9 +155,9 @@ def test_when_lines_stream_and_when_the_input_is_read_whole() -> None:
         stream_lines(1, None, "out.de", stdin_is_terminal=False)
 
 
-def test_cli_refuses_buffer_lines_with_output(ckpt: Path, tmp_path: Path) -> None:
+def test_cli_refuses_buffer_lines_with_output(toy_ckpt: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        app, ["translate", "-c", str(ckpt), "--buffer-lines", "1", "-o", str(tmp_path / "out")], input=b"a\n"
+        app, ["translate", "-c", str(toy_ckpt), "--buffer-lines", "1", "-o", str(tmp_path / "out")], input=b"a\n"
     )
     assert result.exit_code == 2 and "drop --output" in result.output
     assert not (tmp_path / "out").exists()

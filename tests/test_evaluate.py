@@ -171,18 +171,6 @@ def test_no_network_says_how_to_pass_local_files(tmp_path: Path) -> None:
 # -- evaluate end to end on a random-weight toy checkpoint
 
 
-@pytest.fixture(scope="module")
-def toy_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import dataclasses
-
-    from test_decode_translate import write_checkpoint
-
-    cfg = dataclasses.replace(prepared_toy, decode=dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3))
-    path = tmp_path_factory.mktemp("eval") / "ckpt.pt"
-    write_checkpoint(cfg, path, seed=0)
-    return path
-
-
 def test_evaluate_local_files_offline(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path, capsys) -> None:
     src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:4]
     ref_lines = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:4]
