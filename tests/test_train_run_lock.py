@@ -7,6 +7,7 @@ removes once the lock is its own.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import socket
 import subprocess
@@ -121,6 +122,19 @@ def test_one_process_cannot_take_a_run_twice(tmp_path):
         RunLock.take(tmp_path)
     lock.release()
     RunLock.take(tmp_path).release()
+
+
+def test_a_run_directory_that_cannot_be_created_is_a_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TrainError, match=r"file/run: cannot create the run directory \(Not a directory\)"):
+        RunLock.take(tmp_path / "file" / "run")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "mkdir", full_disk)
+    with pytest.raises(TrainError, match=r"run: cannot create the run directory \(No space left on device\); free"):
+        RunLock.take(tmp_path / "run")
 
 
 def test_the_lock_file_is_never_followed_through_a_link(tmp_path):

@@ -56,7 +56,13 @@ class RunLock:
     @classmethod
     def take(cls, save_dir: Path) -> RunLock:
         """Lock ``save_dir`` (created if needed) or raise TrainError naming the trainer that holds it."""
-        save_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            save_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a full disk, a file in the way, no permission
+            raise TrainError(
+                f"{save_dir}: cannot create the run directory ({err.strerror}); free space on that disk or set "
+                "train.save_dir to a directory you can write"
+            ) from None
         path = save_dir / LOCK_NAME
         fd = _open(path)
         try:
