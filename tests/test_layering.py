@@ -61,6 +61,28 @@ def test_decode_does_not_import_train(graph):
             assert not [m for m in imported if _in(m, "transformer_mt.train")], name
 
 
+# docs/architecture.md's layers, first to last: a module imports only from its own layer or earlier ones (within
+# the first group, only the names before it).
+LAYERS = [
+    *(("errors",), ("files",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
+    *(("data",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
+    *(("report", "plots", "attention_maps"), ("quickstart", "cli", "__main__")),
+]
+
+
+def _layer(name: str) -> int:
+    top = name.split(".")[1]
+    found = [i for i, layer in enumerate(LAYERS) if top in layer]
+    assert found, f"{name}: give it a layer here and in docs/architecture.md"
+    return found[0]
+
+
+def test_every_module_imports_only_its_own_and_earlier_layers(graph):
+    bad = [f"{name} -> {m}" for name, imported in graph.items() if name != "transformer_mt" for m in imported
+           if m != "transformer_mt" and _layer(m) > _layer(name)]  # fmt: skip
+    assert bad == []
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The groups of modules that import each other, through any chain (strongly connected components > 1)."""
     order: dict[str, int] = {}
