@@ -24,7 +24,7 @@ from test_decode_translate import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
-from transformer_mt.config import Config, ModelConfig, config_from_dict, load_config
+from transformer_mt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.decode.search import beam_search, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
@@ -232,6 +232,19 @@ def test_engine_ctranslate2_names_a_wrong_model_directory(toy_checkpoint: Path, 
         load_translator([toy_checkpoint], "ctranslate2")
     with pytest.raises(TranslateError, match="takes one model directory"):
         load_translator([tmp_path, tmp_path], "ctranslate2")
+
+
+def test_a_damaged_exported_config_names_its_file(tmp_path: Path) -> None:
+    """Before any model loads (no ctranslate2 needed): an unknown key keeps its ConfigError, bad YAML names the file."""
+    for name in ("spm.model", "model.bin"):
+        (tmp_path / name).write_bytes(b"")
+    config = tmp_path / "tmt_config.yaml"
+    config.write_text("model:\n  d_modell: 8\n")
+    with pytest.raises(ConfigError, match=r"tmt_config\.yaml.*unknown key 'model\.d_modell'"):
+        load_translator([tmp_path], "ctranslate2")
+    config.write_text("model: [\n")
+    with pytest.raises(TranslateError, match=r"tmt_config\.yaml: not valid YAML"):
+        load_translator([tmp_path], "ctranslate2")
 
 
 # ---------------------------------------------------------------- a briefly trained Multi30k model

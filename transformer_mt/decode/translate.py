@@ -357,10 +357,11 @@ def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
 
     path = directory / TMT_CONFIG
     try:
-        stored = config_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")), origin=str(path))
-        cfg = override_config(stored, overrides)
-    except (ConfigError, yaml.YAMLError) as err:
-        raise TranslateError(str(err)) from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise TranslateError(f"{path}: not valid YAML ({err}); export the model again") from None
+    stored = config_from_dict(raw, origin=str(path))
+    cfg = override_config(stored, overrides)
     if cfg.model.max_positions != stored.model.max_positions:
         raise TranslateError(
             f"{directory} stores a table of {stored.model.max_positions} positions; export again from the checkpoint "
