@@ -65,3 +65,13 @@ def test_a_run_directory_given_as_checkpoint_names_the_files_it_holds(tmp_path: 
     result = CliRunner().invoke(app, ["translate", "-c", str(run)], input="a\n")
     message = " ".join(result.output.split())
     assert f"did you mean {run / 'average.pt'} or {run / 'checkpoint_best.pt'}?" in message
+
+
+@pytest.mark.parametrize("name", ["translate", "evaluate"])
+def test_help_says_what_repeated_c_does(commands: dict[str, click.Command], name: str) -> None:
+    """Weight averaging (the default) and ensembling are both named flags, and --help says which one -c -c does."""
+    (combine,) = [p for p in commands[name].params if "--ensemble" in p.opts]
+    assert combine.secondary_opts == ["--average"] and combine.default is False
+    assert "--average (the default" in combine.help and "mean of their log-probabilities" in combine.help
+    (checkpoint,) = [p for p in commands[name].params if "-c" in p.opts]
+    assert "--ensemble" in checkpoint.help  # -c itself points at the choice
