@@ -72,7 +72,7 @@ def ddp_step(smoke: bool, updates: int) -> dict[str, Any]:
         precision = resolve_precision(cfg.train.precision, device)
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         step = Stepper(model, module, opt, scaler, env, precision, cfg.train.label_smoothing, 0.0,
-                       defer_sync=bool(opt.defaults.get("fused")))  # fmt: skip
+                       defer_sync=bool(opt.defaults.get("fused")) and device.type == "cuda")  # fmt: skip
         batches = synthetic_batches(cfg.bpe.vocab_size, cfg.train.max_tokens, 2 * (updates + 1), seed=1)
         batches = [b.pin_memory() if cuda else b for b in batches]
         pairs = [batches[i : i + 2] for i in range(0, len(batches), 2)]

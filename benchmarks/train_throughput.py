@@ -1,6 +1,7 @@
 """Training throughput of tmt against a plain PyTorch Transformer on identical batches.
 
     python benchmarks/train_throughput.py configs/base.yaml --set bpe.vocab_size=8000 --set train.max_tokens=4096
+    python benchmarks/train_throughput.py configs/multi30k.yaml --set train.precision=bf16 --peers torch:fp32,marian:fp32
 
 Measures one training update at a time (forward, label-smoothed loss, backward,
 Adam) on synthetic batches: sentences of 10-40 tokens on each side, token ids
@@ -9,13 +10,17 @@ train.max_tokens exactly as training batches them. Reports target tokens/s,
 model FLOPs/s (`flops_per_token`), MFU against the device's bf16 dense peak on
 a GPU, and peak memory (RSS on CPU, max_memory_allocated on GPU).
 
-The peer is the model as most PyTorch users would write it: torch.nn.Transformer
-(post-norm, batch_first), one embedding shared by source, target and output
-projection, sinusoidal positions, F.cross_entropy(label_smoothing=...) and
-torch.optim.Adam. Each implementation runs in its own process (so peak memory
-is its own), alternating tmt/peer for --repeats rounds; the medians and the
-ratio tmt/peer are printed. Runs on one busy machine differ by 10-25%, so
-compare the ratio within one run, not figures across runs.
+The peers, each at the precisions given by --peers (default fp32 and bf16,
+so that the best of each is compared): the model as most PyTorch users would
+write it, torch.nn.Transformer (post-norm, batch_first), one embedding
+shared by source, target and output projection, sinusoidal positions; and
+Hugging Face's MarianMTModel of the same shape (``marian``, needs the
+``bench`` extra), the implementation behind HF's translation models. Both
+take F.cross_entropy(label_smoothing=...) and torch.optim.Adam. Each
+implementation runs in its own process (so peak memory is its own), taking
+turns for --repeats rounds; the medians and the ratio of tmt to the best
+peer are printed. Runs on one busy machine differ by 10-25%, so compare the
+ratio within one run, not figures across runs.
 
 ``--impl tmt`` measures tmt alone (`benchmarks/gpu_check.sh` does, for base
 and big, eager and compiled); ``--max-seconds S`` ends the timed updates
@@ -116,6 +121,33 @@ class PeerTransformer(nn.Module):
         return F.linear(x, self.embed.weight)  # (B, T, V)
 
 
+class MarianPeer(nn.Module):
+    """Hugging Face's MarianMTModel of tmt's shape: post-norm, sinusoidal positions, tied and scaled embeddings."""
+
+    def __init__(self, cfg: Config, vocab_size: int) -> None:
+        super().__init__()
+        from transformers import MarianConfig, MarianMTModel
+
+        m = cfg.model
+        config = MarianConfig(
+            vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=m.d_model, encoder_layers=m.encoder_layers,
+            decoder_layers=m.decoder_layers, encoder_attention_heads=m.heads, decoder_attention_heads=m.heads,
+            encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff, activation_function="relu", dropout=m.dropout,
+            attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=m.max_positions,
+            scale_embedding=True, share_encoder_decoder_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
+            decoder_start_token_id=BOS,
+        )  # fmt: skip
+        self.model = MarianMTModel(config)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.model(
+            input_ids=src, attention_mask=src.ne(PAD), decoder_input_ids=tgt_in, decoder_attention_mask=tgt_in.ne(PAD)
+        ).logits  # (B, T, V)
+
+
+PEERS = {"torch": PeerTransformer, "marian": MarianPeer}
+
+
 def _peer_update(model, optimizer, batch: Batch, precision: str, eps: float) -> None:
     with autocast(batch.src.device, precision):
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
@@ -150,12 +182,12 @@ def _measure(
         env = DistEnv(0, 1, 0, device, True)
         opt = build_optimizer(module.parameters(), cfg.train)
         step = Stepper(model, module, opt, scaler, env, precision, cfg.train.label_smoothing, cfg.train.clip_norm,
-                       defer_sync=bool(opt.defaults.get("fused")))  # fmt: skip
+                       defer_sync=bool(opt.defaults.get("fused")) and device.type == "cuda")  # fmt: skip
 
         def update(batch: Batch) -> None:
             apply_gradients(step, accumulate_gradients(step, [batch]), lr=1e-4)
     else:
-        module = PeerTransformer(cfg, vocab).to(device)
+        module = PEERS[impl](cfg, vocab).to(device)
         model = torch.compile(module) if cfg.train.compile else module
         optimizer = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
@@ -247,24 +279,41 @@ def format_one(tmt: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def format_table(tmt: dict[str, Any], peer: dict[str, Any]) -> str:
-    rows = [("tmt", tmt), ("torch.nn.Transformer", peer)]
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """One row per implementation and precision (tmt first), then tmt's ratio to the fastest peer."""
+    tmt = results["tmt"]
     lines = [
-        f"device: {tmt['device']}, precision {tmt['precision']}, {tmt['params'] / 1e6:.1f}M parameters (tmt), "
+        f"device: {tmt['device']}, {tmt['params'] / 1e6:.1f}M parameters (tmt), "
         f"{tmt['tgt_tokens_per_update']:.0f} target tokens per update",
         "",
-        "| implementation | tgt tok/s | model GFLOP/s | MFU | peak memory | s/update |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| implementation | precision | tgt tok/s | model GFLOP/s | MFU | peak memory | s/update |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, r in rows:
+    for name, r in results.items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         lines.append(
-            f"| {name} | {r['tgt_tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e9:,.1f} | {mfu} | "
-            f"{r['peak_memory_bytes'] / 2**20:,.0f} MiB | {r['seconds_per_update']:.3f} |"
+            f"| {name.split(':')[0]} | {r['precision']} | {r['tgt_tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e9:,.1f} "
+            f"| {mfu} | {r['peak_memory_bytes'] / 2**20:,.0f} MiB | {r['seconds_per_update']:.3f} |"
         )
-    lines.append("")
-    lines.append(f"ratio tmt / peer (target tokens/s): {tmt['tgt_tokens_per_s'] / peer['tgt_tokens_per_s']:.2f}")
+    best = best_peer(results)
+    ratio = tmt["tgt_tokens_per_s"] / results[best]["tgt_tokens_per_s"]
+    lines += ["", f"ratio tmt / fastest peer ({best}), target tokens/s: {ratio:.2f}"]
     return "\n".join(lines)
+
+
+def best_peer(results: dict[str, dict[str, Any]]) -> str:
+    return max((name for name in results if name != "tmt"), key=lambda name: results[name]["tgt_tokens_per_s"])
+
+
+def parse_peers(spec: str) -> list[tuple[str, str]]:
+    """``torch:fp32,marian:bf16`` -> [("torch", "fp32"), ("marian", "bf16")]; an empty string: no peer."""
+    peers = []
+    for item in filter(None, spec.split(",")):
+        impl, _, precision = item.partition(":")
+        if impl not in PEERS or precision not in ("fp32", "bf16", "fp16"):
+            raise SystemExit(f"--peers: {item!r} is not IMPL:PRECISION with IMPL in {sorted(PEERS)}")
+        peers.append((impl, precision))
+    return peers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,28 +322,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (repeatable)")
     parser.add_argument("--steps", type=int, default=10, help="timed updates per run (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed updates first (default 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of tmt + peer; medians are reported")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of tmt + peers; medians are reported")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--peers", default="torch:fp32,torch:bf16,marian:fp32,marian:bf16",
+                        help="IMPL:PRECISION,... with IMPL torch or marian (default: both, fp32 and bf16)")  # fmt: skip
     parser.add_argument("--impl", choices=["both", "tmt"], default="both", help="tmt: measure tmt alone, no peer")
     parser.add_argument("--max-seconds", type=float, default=0.0, help="end the timed updates after this (0: never)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    impls = ("tmt",) if args.impl == "tmt" else ("tmt", "peer")
-    runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
+    peers = [] if args.impl == "tmt" else parse_peers(args.peers)
+    plan = [("tmt", "tmt", cfg.to_dict())]
+    for impl, precision in peers:
+        plan.append(
+            (
+                f"{impl}:{precision}",
+                impl,
+                {**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "precision": precision}},
+            )
+        )
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
     for r in range(args.repeats):
-        for impl in impls:
-            measured = (impl, cfg.to_dict(), args.steps, args.warmup, args.seed, args.threads, args.max_seconds)
-            result = run_isolated(measured)
-            runs[impl].append(result)
-            print(f"round {r + 1}/{args.repeats} {impl}: {result['tgt_tokens_per_s']:,.0f} tgt tok/s", file=sys.stderr)
-    tmt = summarize(runs["tmt"])
-    peer = summarize(runs["peer"]) if "peer" in runs else None
-    print(format_table(tmt, peer) if peer else format_one(tmt))
+        for name, impl, cfg_dict in plan:
+            result = run_isolated((impl, cfg_dict, args.steps, args.warmup, args.seed, args.threads, args.max_seconds))
+            runs[name].append(result)
+            print(f"round {r + 1}/{args.repeats} {name}: {result['tgt_tokens_per_s']:,.0f} tgt tok/s", file=sys.stderr)
+    results = {name: summarize(measured) for name, measured in runs.items()}
+    print(format_table(results) if peers else format_one(results["tmt"]))
     if args.json:
+        summary = {"tmt": results["tmt"], "peers": {k: v for k, v in results.items() if k != "tmt"}}
+        summary["fastest_peer"] = best_peer(results) if peers else None
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"tmt": tmt, "peer": peer, "runs": runs, "config": cfg.to_dict()}, f, indent=2)
+            json.dump({**summary, "runs": runs, "config": cfg.to_dict()}, f, indent=2)
     return 0
 
 

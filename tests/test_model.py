@@ -191,6 +191,29 @@ def test_decoding_step_attention_equals_the_fused_kernel(groups: int) -> None:
     torch.testing.assert_close(attention(big, k, v), F.scaled_dot_product_attention(big, k, v), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_bf16_attention_on_cpu_is_the_formula_with_its_gradients(is_causal: bool) -> None:
+    """bf16 training on the CPU takes two matmuls and an fp32 softmax: the fp32 formula to bf16 rounding, backward too."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 12, 16, requires_grad=True) for _ in range(3))
+    allowed = torch.rand(3, 1, 12, 12) > 0.3
+    allowed[..., 0] = True  # every query sees something
+    mask = None if is_causal else additive_mask(allowed)
+    half = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
+    y = attention(*half, mask, is_causal=is_causal)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), reference, atol=3e-2, rtol=0)
+    grad = torch.randn_like(reference)
+    y.backward(grad.bfloat16())
+    reference.backward(grad)
+    for low, exact in zip(half, (q, k, v), strict=True):
+        torch.testing.assert_close(low.grad.float(), exact.grad, atol=6e-2, rtol=0)
+    torch.manual_seed(1)
+    dropped = attention(*(t.detach() for t in half), mask, is_causal=is_causal, dropout=0.5)
+    assert not torch.allclose(dropped.float(), y.detach().float(), atol=1e-2)  # attention dropout applies
+
+
 @pytest.mark.parametrize("groups", [1, 3])
 def test_explicit_attention_returns_probabilities_and_the_fused_kernels_output(groups: int) -> None:
     """The opt-in path for drawing attention: the same output as `attention`, and weights that sum to 1 over keys."""

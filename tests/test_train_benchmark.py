@@ -29,8 +29,10 @@ def test_synthetic_batches_fit_max_tokens_and_lengths():
     assert all(torch.equal(a.src, b.src) for a, b in zip(batches, again, strict=True))
 
 
-@pytest.mark.parametrize("impl", ["tmt", "peer"])
+@pytest.mark.parametrize("impl", ["tmt", "torch", "marian"])
 def test_one_tiny_measurement(impl):
+    if impl == "marian":
+        pytest.importorskip("transformers", reason="the marian peer needs the bench extra")
     overrides = ["model.d_model=32", "model.d_ff=64", "model.heads=2", "model.encoder_layers=1",
                  "model.decoder_layers=1", "bpe.vocab_size=200", "train.max_tokens=256"]  # fmt: skip
     cfg = load_config(None, overrides)
@@ -39,3 +41,21 @@ def test_one_tiny_measurement(impl):
     torch.set_num_threads(threads)
     assert result["impl"] == impl and result["tgt_tokens_per_s"] > 0 and result["flops_per_s"] > 0
     assert result["peak_memory_bytes"] > 0 and result["tgt_tokens_per_update"] > 50
+
+
+def test_peers_parse_and_the_ratio_is_to_the_fastest():
+    assert bench.parse_peers("torch:fp32,marian:bf16") == [("torch", "fp32"), ("marian", "bf16")]
+    assert bench.parse_peers("") == []
+    with pytest.raises(SystemExit, match="fairseq:fp32"):
+        bench.parse_peers("fairseq:fp32")
+    row = {"device": "CPU", "params": 1e6, "tgt_tokens_per_update": 4000, "flops_per_s": 1e9, "mfu": None,
+           "peak_memory_bytes": 2**30, "seconds_per_update": 1.0}  # fmt: skip
+    results = {
+        "tmt": {**row, "precision": "bf16", "tgt_tokens_per_s": 3000.0},
+        "torch:fp32": {**row, "precision": "fp32", "tgt_tokens_per_s": 1000.0},
+        "marian:fp32": {**row, "precision": "fp32", "tgt_tokens_per_s": 2000.0},
+    }
+    table = bench.format_table(results)
+    assert bench.best_peer(results) == "marian:fp32"
+    assert "ratio tmt / fastest peer (marian:fp32), target tokens/s: 1.50" in table
+    assert "| marian | fp32 | 2,000 |" in table

@@ -1,11 +1,15 @@
-"""Label smoothing against a hand computation, and the padding and normalization rules."""
+"""Label smoothing against a hand computation, and the padding and normalization rules.
+
+The loss takes logits; log-probabilities are logits too (their log-softmax is
+themselves), so the hand computations below pass log-probabilities.
+"""
 
 import math
 
 import pytest
 import torch
 
-from transformer_mt.train.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt.train.loss import ROWS_PER_BLOCK, label_smoothed_cross_entropy, perplexity
 
 
 def test_three_class_example_by_hand():
@@ -17,7 +21,7 @@ def test_three_class_example_by_hand():
     nll1, smooth1 = -math.log(0.7), -(math.log(0.7) + math.log(0.2) + math.log(0.1)) / 3
     nll2, smooth2 = -math.log(0.6), -(math.log(0.1) + math.log(0.3) + math.log(0.6)) / 3
     expected_loss = (1 - eps) * (nll1 + nll2) + eps * (smooth1 + smooth2)
-    loss, nll = label_smoothed_nll_loss(lprobs, target, eps, ignore_index=-100)
+    loss, nll = label_smoothed_cross_entropy(lprobs, target, eps, ignore_index=-100)
     assert nll.item() == pytest.approx(nll1 + nll2, rel=1e-12)
     assert loss.item() == pytest.approx(expected_loss, rel=1e-12)
 
@@ -30,7 +34,7 @@ def test_equals_cross_entropy_against_smoothed_target():
     eps = 0.1
     q = torch.full((7, 11), eps / 11, dtype=torch.float64)
     q[torch.arange(7), target] += 1 - eps
-    loss, _ = label_smoothed_nll_loss(lprobs, target, eps, ignore_index=-100)
+    loss, _ = label_smoothed_cross_entropy(lprobs, target, eps, ignore_index=-100)
     assert loss.item() == pytest.approx(-(q * lprobs).sum().item(), rel=1e-12)
     assert loss.item() == pytest.approx(
         torch.nn.functional.cross_entropy(lprobs, target, label_smoothing=eps, reduction="sum").item(), rel=1e-12
@@ -41,9 +45,9 @@ def test_padding_contributes_nothing():
     torch.manual_seed(1)
     lprobs = torch.randn(5, 6).log_softmax(-1)
     target = torch.tensor([1, 0, 4, 0, 2])  # 0 is padding
-    loss, nll = label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=0)
+    loss, nll = label_smoothed_cross_entropy(lprobs, target, 0.1, ignore_index=0)
     keep = target != 0
-    loss_ref, nll_ref = label_smoothed_nll_loss(lprobs[keep], target[keep], 0.1, ignore_index=0)
+    loss_ref, nll_ref = label_smoothed_cross_entropy(lprobs[keep], target[keep], 0.1, ignore_index=0)
     assert loss.item() == pytest.approx(loss_ref.item())
     assert nll.item() == pytest.approx(nll_ref.item())
     assert nll_ref.item() == pytest.approx(-lprobs[keep].gather(1, target[keep, None]).sum().item())
@@ -52,18 +56,43 @@ def test_padding_contributes_nothing():
 def test_zero_epsilon_is_plain_nll():
     lprobs = torch.randn(4, 9).log_softmax(-1)
     target = torch.tensor([3, 1, 8, 2])
-    loss, nll = label_smoothed_nll_loss(lprobs, target, 0.0, ignore_index=0)
+    loss, nll = label_smoothed_cross_entropy(lprobs, target, 0.0, ignore_index=0)
     assert loss.item() == pytest.approx(nll.item())
     assert nll.item() == pytest.approx(torch.nn.functional.nll_loss(lprobs, target, reduction="sum").item())
 
 
-def test_gradient_flows_and_shape_errors():
-    logits = torch.randn(3, 5, requires_grad=True)
-    loss, _ = label_smoothed_nll_loss(logits.log_softmax(-1), torch.tensor([1, 2, 3]), 0.1, 0)
-    loss.backward()
-    assert logits.grad is not None and torch.isfinite(logits.grad).all()
-    with pytest.raises(ValueError, match="expected lprobs"):
-        label_smoothed_nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), 0.1, 0)
+def reference(logits: torch.Tensor, target: torch.Tensor, eps: float, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The formula written out with autograd in fp64: log_softmax, gather, sum over the vocabulary."""
+    lprobs = logits.double().log_softmax(-1)
+    keep = target != pad
+    nll = -(lprobs.gather(1, target[:, None]).squeeze(1) * keep).sum()
+    smooth = -(lprobs.sum(-1) * keep).sum()
+    return (1 - eps) * nll + eps / logits.size(1) * smooth, nll
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 4e-3)])
+def test_gradient_is_softmax_minus_smoothed_target(dtype, tol):
+    """Both outputs' gradients, over several blocks of rows, against autograd through the formula in fp64."""
+    torch.manual_seed(3)
+    rows = 2 * ROWS_PER_BLOCK + 17
+    logits = (3 * torch.randn(rows, 40, dtype=torch.float64)).to(dtype).requires_grad_()
+    target = torch.randint(1, 40, (rows,))
+    target[::5] = 0  # padding
+    loss, nll = label_smoothed_cross_entropy(logits, target, 0.1, 0)
+    (0.7 * loss + 0.2 * nll).backward()
+    exact = logits.detach().double().requires_grad_()
+    loss_ref, nll_ref = reference(exact, target, 0.1, 0)
+    (0.7 * loss_ref + 0.2 * nll_ref).backward()
+    assert logits.grad.dtype == dtype
+    assert loss.item() == pytest.approx(loss_ref.item(), rel=tol)
+    assert nll.item() == pytest.approx(nll_ref.item(), rel=tol)
+    assert torch.allclose(logits.grad.double(), exact.grad, atol=tol, rtol=0)
+    assert logits.grad[target == 0].abs().sum() == 0  # padding gets no gradient
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="expected logits"):
+        label_smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), 0.1, 0)
 
 
 def test_perplexity_is_exp_of_nats():

@@ -32,6 +32,7 @@ from transformer_mt.train.step import (
     UpdateStats,
     accumulate_gradients,
     apply_gradients,
+    cpu_has_bf16,
     resolve_precision,
 )
 from transformer_mt.train.trainer import Trainer, Window, train_model
@@ -343,7 +344,8 @@ def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tm
     assert start["flops_per_token"] == pytest.approx(
         flops_per_token(cfg.model, vocab, float(ds.src_lens.mean()), float(ds.tgt_lens.mean()))
     )
-    assert start["device"].startswith("CPU") and (start["world_size"], start["precision"]) == (1, "fp32")
+    expected = resolve_precision("auto", torch.device("cpu"))  # bf16 on a CPU with bf16 instructions
+    assert start["device"].startswith("CPU") and (start["world_size"], start["precision"]) == (1, expected)
     ends = [m for m in records if m["kind"] == "end"]
     assert [(m["update"], m["stop_reason"]) for m in ends] == [(3, "max_updates=3"), (4, "max_updates=4")]
     assert [m["update"] for m in records if m["kind"] == "start"] == [0, 3]
@@ -552,9 +554,15 @@ def test_nonfinite_gradient_skips_the_step():
     assert all(p.grad is None for p in m.parameters())
 
 
-def test_precision_resolution():
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_precision_resolution(monkeypatch, native_bf16):
+    """``auto`` on a CPU: bf16 where it has bf16 instructions (AVX512-BF16 or AMX), fp32 where bf16 is emulated."""
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: native_bf16)
+    assert cpu_has_bf16() is native_bf16
     cpu = torch.device("cpu")
-    assert resolve_precision("auto", cpu) == "fp32"
+    assert resolve_precision("auto", cpu) == ("bf16" if native_bf16 else "fp32")
+    assert resolve_precision("fp32", cpu) == "fp32"
     assert resolve_precision("bf16", cpu) == "bf16"
     with pytest.raises(TrainError, match="fp16 needs a CUDA device"):
         resolve_precision("fp16", cpu)

@@ -107,7 +107,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # deviation: clip gradient norm to this value; 0 disables (paper: none)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = (
-        "auto"  # auto: bf16 on capable GPUs, fp16 on others, fp32 on CPU
+        "auto"  # auto: bf16 on capable GPUs, fp16 on others; on CPU bf16 with AVX512-BF16/AMX, else fp32
     )
     compile: bool = False  # torch.compile the model
     pad_to_multiple: int = 0  # pad each batch's lengths up to a multiple (8: few shapes to compile); 0 or 1: off

