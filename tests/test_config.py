@@ -237,6 +237,7 @@ def test_paper_configs_keep_every_deviation_off(name):
     )  # fmt: skip
     assert t.min_warmup == 0
     assert t.init_from == ""  # a new run starts from random weights, as the paper's did
+    assert cfg.bpe.model == ""  # the BPE model is learned from the training data, as the paper's was
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
     assert (t.compile, t.pad_to_multiple) == (False, 0)  # speed keys, named and off: the paper's own shapes
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")

@@ -1,4 +1,5 @@
-"""train.init_from: a new run from another checkpoint's weights, with its own optimizer, schedule and position."""
+"""train.init_from: a new run from another checkpoint's weights, with its own optimizer, schedule and position;
+on another corpus, prepared with the checkpoint's BPE model (`tmt export spm`, bpe.model)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from transformer_mt.cli import app
 from transformer_mt.config import Config
+from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.prepare import load_manifest
+from transformer_mt.data.synthetic import write_corpus
 from transformer_mt.train.checkpoint import checkpoint_name
 from transformer_mt.train.init_from import shape_mismatch
 from transformer_mt.train.schedule import Schedule
@@ -109,3 +116,64 @@ def test_shape_mismatch_names_missing_extra_and_reshaped_weights() -> None:
     b = {"w": torch.zeros(3, 3), "b": torch.zeros(3), "norm": torch.zeros(3)}
     assert shape_mismatch(a, b) == "norm missing; extra unexpected; w (2, 3) instead of (3, 3)"
     assert shape_mismatch(b, b) == ""
+
+
+# ---------------------------------------------------------------- another corpus: bpe.model
+
+
+def _on_corpus(cfg: Config, corpus: Path, data_dir: Path, bpe_model: str) -> Config:
+    """``cfg`` reading ``corpus/{train,valid,test}`` into ``data_dir``, with ``bpe.model``."""
+    data = dataclasses.replace(
+        cfg.data, train=str(corpus / "train"), valid=str(corpus / "valid"), test=str(corpus / "test"),
+        dir=str(data_dir), synth=False,
+    )  # fmt: skip
+    return dataclasses.replace(cfg, data=data, bpe=dataclasses.replace(cfg.bpe, model=bpe_model))
+
+
+def test_fine_tuning_on_another_corpus_with_the_checkpoints_bpe_model(
+    prepared_toy: Config, parent: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Domain adaptation as a user does it: export the parent's BPE model, prepare the new corpus with it, fine-tune.
+
+    The new corpus (another seed, 300 pairs) would learn another BPE model of
+    its own: without bpe.model the same run stops at the vocabulary check.
+    """
+    write_corpus(tmp_path / "new", pairs=300, valid=20, test=20, seed=9)
+    spm = tmp_path / "parent_spm.model"
+    exported = CliRunner().invoke(app, ["export", "spm", "-c", str(parent), "-o", str(spm)])
+    assert exported.exit_code == 0, exported.output
+    parent_spm = read_checkpoint(parent).spm_model
+    assert spm.read_bytes() == parent_spm
+
+    cfg = _on_corpus(prepared_toy, tmp_path / "new", tmp_path / "prepared", str(spm))
+    result = train_model(_cfg(cfg, tmp_path / "tuned", max_updates=2, init_from=str(parent)))
+    assert result.update == 2
+    assert f"fine-tuning: weights from {parent} (update 4 of its run)" in capsys.readouterr().err
+    tuned = read_checkpoint(tmp_path / "tuned" / checkpoint_name(2))
+    assert tuned.spm_model == parent_spm == (tmp_path / "prepared" / "spm.model").read_bytes()
+    assert tuned.config["bpe"]["model"] == str(spm) and tuned.config["data"]["train"] == str(tmp_path / "new/train")
+    # the new corpus, in the parent's vocabulary of 300 pieces, is what was trained on
+    train = ParallelDataset(tmp_path / "prepared", "train", "en", "de")
+    first = (tmp_path / "new" / "train.en").read_text(encoding="utf-8").splitlines()[0]
+    assert len(train) == 300 and load_bpe(spm).decode(train.src_ids(0).tolist()) == first
+    assert load_manifest(tmp_path / "prepared")["vocab_size"] == 300
+
+    learned = _on_corpus(prepared_toy, tmp_path / "new", tmp_path / "learned", "")
+    with pytest.raises(TrainError, match=r"another BPE vocabulary .*tmt export spm -c .* --set bpe\.model=spm\.model"):
+        train_model(_cfg(learned, tmp_path / "run", max_updates=1, init_from=str(parent)))
+    assert (tmp_path / "learned" / "spm.model").read_bytes() != parent_spm
+
+
+def test_export_spm_keeps_an_equal_file_and_refuses_another_without_force(parent: Path, tmp_path: Path) -> None:
+    out, runner = tmp_path / "spm.model", CliRunner()
+    out.write_bytes(b"another model")
+    refused = runner.invoke(app, ["export", "spm", "-c", str(parent), "-o", str(out)])
+    assert refused.exit_code == 2 and "holds another sentencepiece model" in refused.output
+    assert out.read_bytes() == b"another model"
+    assert runner.invoke(app, ["export", "spm", "-c", str(parent), "-o", str(out), "--force"]).exit_code == 0
+    again = runner.invoke(app, ["export", "spm", "-c", str(parent), "-o", str(out)])
+    assert again.exit_code == 0 and out.read_bytes() == read_checkpoint(parent).spm_model
+    two = runner.invoke(app, ["export", "spm", "-c", str(parent), "-c", str(parent), "-o", str(out)])
+    assert two.exit_code == 2 and "takes one -c (got 2)" in two.output
+    unknown = runner.invoke(app, ["export", "onnx", "-c", str(parent), "-o", str(out)])
+    assert unknown.exit_code == 2 and "known: ctranslate2, spm" in unknown.output

@@ -50,6 +50,7 @@ app = typer.Typer(
         "  tmt translate -c avg.pt < in.txt   beam search, line by line\n\n"
         "  tmt evaluate newstest2014 -c avg.pt  sacreBLEU and the paper's BLEU\n\n"
         "  tmt export ctranslate2 -c avg.pt -o DIR  a CTranslate2 model directory\n\n"
+        "  tmt export spm -c avg.pt -o spm.model    its BPE model, to prepare new data (bpe.model)\n\n"
         "The paper's tables and figures:\n\n"
         "  tmt report RUN... -o report.md     Tables 2 and 3, yours beside the paper's\n\n"
         "  tmt plot RUN -o curves.png         loss, learning rate, BLEU curves\n\n"
@@ -168,9 +169,11 @@ def prepare(
     collapsed); drops training pairs with an empty side, more than data.max_len
     words or a length ratio above data.max_ratio (valid/test: empty sides only);
     learns a joint sentencepiece BPE of bpe.vocab_size pieces on a sample of
-    bpe.sample_sentences sentences; encodes with data.workers processes; writes
-    data.dir, manifest.json last. Re-running with unchanged inputs and config
-    does nothing. See docs/data.md.
+    bpe.sample_sentences sentences (or, with bpe.model set, copies that
+    sentencepiece model and ignores the other bpe keys: new data in a
+    checkpoint's vocabulary, see `tmt export spm`); encodes with data.workers
+    processes; writes data.dir, manifest.json last. Re-running with unchanged
+    inputs, config and bpe.model file does nothing. See docs/data.md.
     """
     from transformer_mt.data.prepare import prepare_data
 
@@ -212,7 +215,10 @@ def train(
     --set train.save_dir=runs/tuned` starts a new run from that checkpoint's
     weights, with a fresh optimizer and the schedule from update 0; the
     vocabulary (the same spm.model in data.dir) and the model's shape must
-    be the checkpoint's. A run that resumes ignores train.init_from.
+    be the checkpoint's. On another corpus, prepare it with the checkpoint's
+    BPE model: `tmt export spm -c runs/base/average.pt -o spm.model`, then
+    --set bpe.model=spm.model with a data.dir of its own. A run that resumes
+    ignores train.init_from.
     """
     import os
 
@@ -443,14 +449,28 @@ def evaluate(
 
 @app.command()
 def export(
-    target: Annotated[str, typer.Argument(help="Only 'ctranslate2' for now.")],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="ctranslate2: a CTranslate2 model directory. spm: the checkpoint's sentencepiece model file.",
+            metavar="ctranslate2|spm",
+            show_default=False,
+        ),
+    ],
     checkpoint: Annotated[
         list[Path],
         typer.Option(
-            "--checkpoint", "-c", help="Checkpoint of `tmt train` or `tmt average`; repeat -c to average several."
+            "--checkpoint",
+            "-c",
+            help="Checkpoint of `tmt train` or `tmt average`; for ctranslate2, repeat -c to average several.",
         ),
     ],
-    output: Annotated[Path, typer.Option("--out-dir", "--output", "-o", help="The model directory to write.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--out-dir", "--output", "-o", help="The model directory to write (ctranslate2), or the file (spm)."
+        ),
+    ],
     quantization: Annotated[
         str,
         typer.Option(
@@ -461,22 +481,47 @@ def export(
     ] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
-    """Write a model directory for another inference engine: CTranslate2 (pip install ctranslate2).
+    """Write a model directory for another inference engine (CTranslate2), or a checkpoint's BPE model (spm).
 
-    The directory holds CTranslate2's model.bin, config.json and
-    shared_vocabulary.json, the checkpoint's sentencepiece model (spm.model,
-    to tokenize input and detokenize output) and its tmt config
-    (tmt_config.yaml). It is written beside OUTPUT and renamed into place
-    when complete. Translate with it: tmt translate --engine ctranslate2 -c
-    OUTPUT, or from Python with ctranslate2.Translator(OUTPUT). See
-    docs/decoding.md.
+    ctranslate2 (pip install ctranslate2): the directory holds CTranslate2's
+    model.bin, config.json and shared_vocabulary.json, the checkpoint's
+    sentencepiece model (spm.model, to tokenize input and detokenize output)
+    and its tmt config (tmt_config.yaml). It is written beside OUTPUT and
+    renamed into place when complete. Translate with it: tmt translate
+    --engine ctranslate2 -c OUTPUT, or from Python with
+    ctranslate2.Translator(OUTPUT). See docs/decoding.md.
 
-    Example: tmt export ctranslate2 -c runs/base/average.pt -o runs/base/ct2 --quantization int8
+    spm writes the sentencepiece model the checkpoint was trained with
+    (one -c), byte for byte, to the file OUTPUT: give it as bpe.model and
+    `tmt prepare` encodes a new corpus with the checkpoint's vocabulary, so
+    that train.init_from can fine-tune on it (docs/training.md). An OUTPUT
+    that holds the same model is left as it is.
+
+    Examples: tmt export ctranslate2 -c runs/base/average.pt -o runs/base/ct2 --quantization int8;
+    tmt export spm -c runs/base/average.pt -o runs/base/spm.model
     """
+    if target == "spm":
+        _export_spm(checkpoint, output, quantization, force)
+    elif target == "ctranslate2":
+        _export_ctranslate2(checkpoint, output, quantization, force)
+    else:
+        raise UserError(f"unknown export target {target!r}; known: ctranslate2, spm")
+
+
+def _export_spm(checkpoint: list[Path], output: Path, quantization: str, force: bool) -> None:
+    from transformer_mt.export import export_spm
+
+    if len(checkpoint) != 1:
+        raise UserError(f"tmt export spm takes one -c (got {len(checkpoint)}): the checkpoint whose BPE model to write")
+    if quantization != "float32":
+        raise UserError("--quantization applies to tmt export ctranslate2 only; tmt export spm copies a BPE model")
+    size = export_spm(checkpoint[0], output, force=force)
+    typer.echo(f"sentencepiece model of {checkpoint[0]} ({size:,} bytes) -> {output}; prepare with bpe.model={output}")
+
+
+def _export_ctranslate2(checkpoint: list[Path], output: Path, quantization: str, force: bool) -> None:
     from transformer_mt.export import QUANTIZATIONS, export_ctranslate2
 
-    if target != "ctranslate2":
-        raise UserError(f"unknown export target {target!r}; known: ctranslate2")
     if quantization not in QUANTIZATIONS:
         raise UserError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     out = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)

@@ -56,8 +56,15 @@ class DataConfig:
 
 @dataclass
 class BpeConfig:
-    """The joint sentencepiece BPE vocabulary shared by source and target."""
+    """The joint sentencepiece BPE vocabulary shared by source and target.
 
+    ``model`` reuses an existing sentencepiece model instead of learning one,
+    so that new data gets the vocabulary a checkpoint was trained with
+    (fine-tuning on another corpus); the other keys only shape a learned model
+    and are then ignored.
+    """
+
+    model: str = ""  # an existing spm.model to encode with (e.g. from `tmt export spm`); "": learn one from data.train
     vocab_size: int = 37_000  # the paper: about 37k joint BPE for en-de
     sample_sentences: int = 4_000_000  # sentences (both sides together) sampled to learn BPE
     character_coverage: float = 1.0
@@ -440,8 +447,9 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 def config_hash(section: Any) -> str:
-    """A stable hash of a config section, used to tell whether prepared data is stale."""
+    """A stable hash of a config section (or a dict of its values), used to tell whether prepared data is stale."""
     import hashlib
 
-    text = json.dumps(dataclasses.asdict(section), sort_keys=True)
+    values = section if isinstance(section, dict) else dataclasses.asdict(section)
+    text = json.dumps(values, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -8,7 +8,8 @@ BPE sample is held in memory):
    ``data.max_len``, length ratio above ``data.max_ratio``), drop only
    empty-sided pairs from valid/test; reservoir-sample ``bpe.sample_sentences``
    training sentences for BPE;
-3. learn one sentencepiece BPE model on both sides;
+3. learn one sentencepiece BPE model on both sides, or copy the one ``bpe.model``
+   names (fine-tuning on new data with a checkpoint's vocabulary);
 4. encode every split in ``data.workers`` processes into ids + offsets arrays;
 5. move the results into ``data.dir`` and write ``manifest.json`` last,
    atomically: its presence means "complete and matching these inputs".
@@ -40,7 +41,15 @@ from tqdm import tqdm
 
 from transformer_mt.config import Config, config_hash
 from transformer_mt.data import binarize, clean
-from transformer_mt.data.bpe import MODEL_NAME, VOCAB_NAME, load_bpe, train_bpe
+from transformer_mt.data.bpe import (
+    MODEL_NAME,
+    VOCAB_NAME,
+    load_bpe,
+    model_digest,
+    read_given_model,
+    train_bpe,
+    write_vocab,
+)
 from transformer_mt.data.dataset import split_paths
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
@@ -77,7 +86,20 @@ def split_files(cfg: Config) -> list[SplitFiles]:
 
 def prepare_hash(cfg: Config) -> str:
     """Hash of the config keys that change the prepared data (``data.workers`` does not)."""
-    return config_hash(dataclasses.replace(cfg.data, workers=0)) + config_hash(cfg.bpe)
+    return config_hash(dataclasses.replace(cfg.data, workers=0)) + _bpe_hash(cfg)
+
+
+def _bpe_hash(cfg: Config) -> str:
+    """What decides the BPE model: the keys that learn one, or the bytes of the one ``bpe.model`` gives.
+
+    Without ``bpe.model`` the hash is the one from before that key existed, so
+    data prepared then stays up to date. With it, only the model's digest
+    counts: another model (or the file rewritten) re-prepares, while the
+    learning keys, which are ignored, and the path, which may move, do not.
+    """
+    if not cfg.bpe.model:
+        return config_hash({k: v for k, v in dataclasses.asdict(cfg.bpe).items() if k != "model"})
+    return config_hash({"model_sha256": model_digest(cfg.bpe.model)})
 
 
 def load_manifest(data_dir: str | Path) -> dict[str, Any] | None:
@@ -125,6 +147,8 @@ def prepare_data(cfg: Config, force: bool = False) -> Path:
     _maybe_synthesize(cfg)
     splits = split_files(cfg)
     _check_present(cfg, splits)
+    if cfg.bpe.model:
+        read_given_model(cfg.bpe.model)  # a wrong file stops here, before any input is read
     old = load_manifest(out)
     fingerprints = _fingerprints(splits, old)
     _check_line_counts(splits, fingerprints)
@@ -149,14 +173,14 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
     seconds, start = {}, time.perf_counter()
     stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)]["lines"]) for s in splits}
     seconds["clean"] = time.perf_counter() - start
-    vocab_size = _learn_bpe(work, cfg, stats["train"]["bpe_sample"], workers)
+    vocab_size = _copy_bpe(work, cfg) if cfg.bpe.model else _learn_bpe(work, cfg, stats["train"]["bpe_sample"], workers)
     seconds["bpe"] = time.perf_counter() - start - seconds["clean"]
     dtype = np.uint16 if vocab_size < 65536 else np.int32
     files = [MODEL_NAME, VOCAB_NAME]
     for s in splits:
         files += _binarize_split(work, cfg, s, stats[s.name], dtype, workers)
     seconds["encode"] = time.perf_counter() - start - seconds["clean"] - seconds["bpe"]
-    return {
+    return _given_bpe(cfg) | {
         "format": FORMAT_VERSION,
         "src_lang": cfg.data.src_lang,
         "tgt_lang": cfg.data.tgt_lang,
@@ -186,6 +210,25 @@ def _learn_bpe(work: Path, cfg: Config, sample_size: int, workers: int) -> int:
     os.replace(model, work / MODEL_NAME)
     os.replace(work / "spm.vocab", work / VOCAB_NAME)
     return load_bpe(work / MODEL_NAME).get_piece_size()
+
+
+def _copy_bpe(work: Path, cfg: Config) -> int:
+    """``bpe.model`` into ``work/spm.{model,vocab}``, byte for byte; returns the vocabulary size."""
+    blob, sp = read_given_model(cfg.bpe.model)
+    _say(
+        f"encoding with the BPE model {cfg.bpe.model} ({sp.get_piece_size()} pieces; bpe.model is set, so "
+        "bpe.vocab_size, bpe.sample_sentences, bpe.character_coverage and bpe.seed are not used)"
+    )
+    (work / MODEL_NAME).write_bytes(blob)
+    write_vocab(sp, work / VOCAB_NAME)
+    return sp.get_piece_size()
+
+
+def _given_bpe(cfg: Config) -> dict[str, Any]:
+    """The manifest's record of ``bpe.model``: where the model came from and its digest; {} when learned."""
+    if not cfg.bpe.model:
+        return {}
+    return {"bpe_model": {"path": cfg.bpe.model, "sha256": model_digest(cfg.bpe.model)}}
 
 
 def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: type, workers: int) -> list[str]:
@@ -313,7 +356,8 @@ def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> dict[str
     Returns the counts: pairs read, kept (``sentences``) and dropped per reason.
     """
     train = s.name == "train"
-    reservoir = Reservoir(cfg.bpe.sample_sentences, random.Random(cfg.bpe.seed)) if train else None
+    learn = train and not cfg.bpe.model  # a given BPE model needs no sample
+    reservoir = Reservoir(cfg.bpe.sample_sentences, random.Random(cfg.bpe.seed)) if learn else None
     dropped: Counter[str] = Counter()
     read = kept = 0
     src_in, tgt_in = clean.read_lines(s.src), clean.read_lines(s.tgt)
@@ -410,7 +454,8 @@ def _remove_stale_work_dirs(out: Path) -> None:
 
 
 def _summary(out: Path, manifest: dict) -> str:
-    lines = [f"prepared {out}: joint BPE vocabulary of {manifest['vocab_size']} pieces"]
+    given = f" (bpe.model {manifest['bpe_model']['path']})" if "bpe_model" in manifest else ""
+    lines = [f"prepared {out}: joint BPE vocabulary of {manifest['vocab_size']} pieces{given}"]
     for name, st in manifest["splits"].items():
         dropped = ", ".join(f"{r}: {n}" for r, n in st["dropped"].items()) or "none"
         lines.append(

@@ -14,6 +14,10 @@ How the model maps onto CTranslate2's TransformerSpec is documented in
 `transformer_mt.export.ctranslate2_spec`. The `ctranslate2` package is an
 optional dependency, imported only here and by `tmt translate --engine
 ctranslate2`, so `tmt --help` and every other command run without it.
+
+`tmt export spm` writes out the sentencepiece model a checkpoint was trained
+with (`export_spm`), for ``bpe.model``: `tmt prepare` then encodes a new
+corpus with the checkpoint's vocabulary, which fine-tuning on it needs.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
 from transformer_mt.errors import UserError
+from transformer_mt.files import atomic_open, check_output_file
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 
@@ -68,6 +74,29 @@ def export_ctranslate2(
         if not ct2.contains_model(str(tmp)):
             raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
     return out
+
+
+def export_spm(checkpoint: str | Path, out: str | Path, force: bool = False) -> int:
+    """Write the sentencepiece model stored in ``checkpoint`` to ``out``, byte for byte; returns its size in bytes.
+
+    The bytes are the ones the checkpoint's weights were trained against, so
+    data prepared with them (``bpe.model: OUT``) passes `train.init_from`'s
+    vocabulary check. An ``out`` with other bytes is replaced only with
+    ``force``; one with the same bytes is left as it is, so a script that
+    exports before every fine-tuning run can run again.
+    """
+    out = Path(out)
+    check_output_file(out, example="spm.model")
+    blob = read_checkpoint(checkpoint).spm_model  # a damaged file: CheckpointError naming it and the entry
+    if out.is_file() and not force and out.read_bytes() != blob:
+        raise ExportError(
+            f"{out} already exists and holds another sentencepiece model than {checkpoint}'s; choose another -o "
+            "or pass --force to replace it"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out, "wb") as f:
+        f.write(blob)
+    return len(blob)
 
 
 def check_exportable(model: ModelConfig) -> None:

@@ -6,7 +6,8 @@ update count start from 0 (warmup included), and the data order is the new
 run's own. What cannot differ is what the weights are bound to: the
 vocabulary (one row per BPE piece, so the same sentencepiece model, byte for
 byte) and the shape of the model; dropout, the data and every training key
-may change.
+may change. New data gets the checkpoint's vocabulary through ``bpe.model``
+(`tmt export spm` writes the model out of the checkpoint).
 
 A run that resumes (its train.save_dir holds checkpoints) continues from its
 own newest checkpoint and ignores `train.init_from`: the trainer says so.
@@ -45,7 +46,8 @@ def load_init_weights(module: nn.Module, path: Path, model_cfg: ModelConfig, spm
             f"train.init_from: {path} was trained with another BPE vocabulary than {spm_path}, this run's "
             f"(data.dir); the weights hold one row per BPE piece, so fine-tuning needs the checkpoint's own "
             f"sentencepiece model: train on data prepared with it (the checkpoint's data.dir was "
-            f"{_saved(ck, 'data', 'dir')!r}), or set train.init_from=''"
+            f"{_saved(ck, 'data', 'dir')!r}; for another corpus, `tmt export spm -c {path} -o spm.model` and "
+            f"--set bpe.model=spm.model), or set train.init_from=''"
         )
     mismatch = shape_mismatch(ck.model, module.state_dict())
     if mismatch:
