@@ -17,7 +17,7 @@ import torch
 from test_data_prepare import _config
 
 from transformer_mt.config import Config, load_config
-from transformer_mt.data.bpe import BpeError, load_bpe, write_vocab
+from transformer_mt.data.bpe import UNK, BpeError, load_bpe, write_vocab
 from transformer_mt.data.clean import normalize
 from transformer_mt.data.dataset import ParallelDataset
 from transformer_mt.data.prepare import MANIFEST, is_prepared, load_manifest, prepare_data, prepare_hash
@@ -56,6 +56,20 @@ def test_encodes_with_the_given_model_byte_for_byte(small: Path, given: Path, ca
     err = capsys.readouterr().err
     assert f"encoding with the BPE model {given} (300 pieces; bpe.model is set, so bpe.vocab_size" in err
     assert "learning a joint BPE" not in err
+
+
+def test_unknown_characters_are_counted_and_reported(small: Path, given: Path, capsys: pytest.CaptureFixture) -> None:
+    """Text of another script or domain meets characters the given model never saw: prepare counts the <unk>."""
+    for lang, line in (("en", "the snowman ☃ sees the car ."), ("de", "der Schneemann ☃ sieht das Auto .")):
+        with open(small / "c" / f"train.{lang}", "a", encoding="utf-8") as f:
+            f.write((line + "\n") * 5)
+    prepare_data(_config(small, f"bpe.model={given}"))
+    splits = load_manifest(small / "out")["splits"]
+    assert (splits["train"]["src_unk"], splits["train"]["tgt_unk"]) == (5, 5)
+    assert (splits["valid"]["src_unk"], splits["valid"]["tgt_unk"]) == (0, 0)
+    assert "of them 5 / 5 <unk>: characters the BPE model never saw" in capsys.readouterr().err
+    ds = ParallelDataset(small / "out", "train", "en", "de")
+    assert UNK in ds.src_ids(len(ds) - 1).tolist()
 
 
 def test_the_vocab_file_is_the_one_sentencepiece_writes(prepared_toy: Config, tmp_path: Path) -> None:

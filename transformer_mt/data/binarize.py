@@ -12,6 +12,7 @@ import multiprocessing
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.bpe import UNK, load_bpe
 
 CHUNK_PAIRS = 2000  # sentence pairs per unit of work handed to a worker
 _HEADER_BYTES = 128  # room reserved for the .npy header; enough for any 1-D shape
@@ -103,23 +104,44 @@ def _chunks(src_path: Path, tgt_path: Path) -> Iterator[tuple[list[str], list[st
             yield src, tgt
 
 
+@dataclass
+class TokenCounts:
+    """BPE tokens of an encoded split per side, and how many of them are ``<unk>``.
+
+    ``<unk>`` stands for a character the BPE model never saw: rare with a
+    model learned on the same corpus, but what a given model (``bpe.model``,
+    fine-tuning on new text) meets in another script or domain, and worth
+    knowing before training on it.
+    """
+
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    src_unk: int = 0
+    tgt_unk: int = 0
+
+    def add(self, src_ids: np.ndarray, tgt_ids: np.ndarray) -> None:
+        self.src_tokens += len(src_ids)
+        self.tgt_tokens += len(tgt_ids)
+        self.src_unk += int(np.count_nonzero(src_ids == UNK))
+        self.tgt_unk += int(np.count_nonzero(tgt_ids == UNK))
+
+
 def encode_split(
     model_path: Path, src_text: Path, tgt_text: Path, src_out: SideWriter, tgt_out: SideWriter, pairs: int, workers: int
-) -> tuple[int, int]:
+) -> TokenCounts:
     """Encode a cleaned split (one normalized sentence per line) and append it to the writers.
 
     ``workers`` processes encode chunks in parallel (1: in this process).
-    Returns the total source and target tokens.
+    Returns the source and target tokens, ``<unk>`` among them.
     """
     bar = tqdm(total=pairs, desc=f"encode {src_text.name.split('.')[0]}", unit="pairs", leave=False)
-    totals = [0, 0]
+    totals = TokenCounts()
 
     def write(result: tuple[np.ndarray, ...]) -> None:
         s_ids, s_lens, t_ids, t_lens = result
         src_out.append(s_ids, s_lens)
         tgt_out.append(t_ids, t_lens)
-        totals[0] += len(s_ids)
-        totals[1] += len(t_ids)
+        totals.add(s_ids, t_ids)
         bar.update(len(s_lens))
 
     try:
@@ -130,7 +152,7 @@ def encode_split(
             _encode_parallel(str(model_path), src_text, tgt_text, workers, write)
     finally:
         bar.close()
-    return totals[0], totals[1]
+    return totals
 
 
 def _encode_parallel(model_path: str, src_text: Path, tgt_text: Path, workers: int, write) -> None:

@@ -235,7 +235,7 @@ def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: 
     d = cfg.data
     writers = [binarize.SideWriter(*split_paths(work, s.name, lang), dtype) for lang in (d.src_lang, d.tgt_lang)]
     try:
-        src_tokens, tgt_tokens = binarize.encode_split(
+        counts = binarize.encode_split(
             work / MODEL_NAME,
             work / f"{s.name}.src.txt",
             work / f"{s.name}.tgt.txt",
@@ -246,7 +246,7 @@ def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: 
     finally:
         for w in writers:
             w.close()
-    stats.update(src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    stats.update(dataclasses.asdict(counts))
     return [p.name for lang in (d.src_lang, d.tgt_lang) for p in split_paths(work, s.name, lang)]
 
 
@@ -460,9 +460,16 @@ def _summary(out: Path, manifest: dict) -> str:
         dropped = ", ".join(f"{r}: {n}" for r, n in st["dropped"].items()) or "none"
         lines.append(
             f"  {name:5s} {st['sentences']:>10,} pairs of {st['read']:,} read "
-            f"({st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens); dropped: {dropped}"
+            f"({st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens{unk_note(st)}); "
+            f"dropped: {dropped}"
         )
     return "\n".join(lines)
+
+
+def unk_note(split_stats: dict) -> str:
+    """``, of them 3 / 0 <unk>`` when a split has tokens the BPE model cannot spell, else "" (and in older manifests)."""
+    src, tgt = split_stats.get("src_unk", 0), split_stats.get("tgt_unk", 0)
+    return f", of them {src:,} / {tgt:,} <unk>: characters the BPE model never saw" if src or tgt else ""
 
 
 def _say(message: str) -> None:

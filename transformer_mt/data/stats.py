@@ -7,7 +7,7 @@ import numpy as np
 from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.prepare import PrepareError, load_manifest
+from transformer_mt.data.prepare import PrepareError, load_manifest, unk_note
 
 PERCENTILES = (50, 90, 99)
 
@@ -46,7 +46,7 @@ def format_stats(cfg: Config) -> str:
         dropped = ", ".join(f"{r} {n}" for r, n in st["dropped"].items()) or "none"
         lines.append(
             f"  {split}: {len(ds):,} pairs ({st['read']:,} read, dropped: {dropped}); "
-            f"{st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens"
+            f"{st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens{unk_note(st)}"
         )
         lines.append(_length_line("source", ds.src_lens))
         lines.append(_length_line("target", ds.tgt_lens))
