@@ -171,8 +171,10 @@ def test_export_spm_keeps_an_equal_file_and_refuses_another_without_force(parent
     assert refused.exit_code == 2 and "holds another sentencepiece model" in refused.output
     assert out.read_bytes() == b"another model"
     assert runner.invoke(app, ["export", "spm", "-c", str(parent), "-o", str(out), "--force"]).exit_code == 0
+    written = out.stat().st_mtime_ns
     again = runner.invoke(app, ["export", "spm", "-c", str(parent), "-o", str(out)])
     assert again.exit_code == 0 and out.read_bytes() == read_checkpoint(parent).spm_model
+    assert out.stat().st_mtime_ns == written  # the same model: the file is left as it is
     two = runner.invoke(app, ["export", "spm", "-c", str(parent), "-c", str(parent), "-o", str(out)])
     assert two.exit_code == 2 and "takes one -c (got 2)" in two.output
     unknown = runner.invoke(app, ["export", "onnx", "-c", str(parent), "-o", str(out)])

@@ -88,7 +88,9 @@ def export_spm(checkpoint: str | Path, out: str | Path, force: bool = False) -> 
     out = Path(out)
     check_output_file(out, example="spm.model")
     blob = read_checkpoint(checkpoint).spm_model  # a damaged file: CheckpointError naming it and the entry
-    if out.is_file() and not force and out.read_bytes() != blob:
+    if out.is_file() and out.read_bytes() == blob:
+        return len(blob)
+    if out.exists() and not force:
         raise ExportError(
             f"{out} already exists and holds another sentencepiece model than {checkpoint}'s; choose another -o "
             "or pass --force to replace it"
