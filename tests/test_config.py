@@ -170,6 +170,7 @@ def test_a_missing_base_names_the_file_whose_base_line_is_wrong(tmp_path):
         ("bpe.seed=-1", r"bpe\.seed must be an integer"),
         ("decode.max_len_a=-0.5", r"decode\.max_len_a must be 0 or more"),
         ("decode.max_len_b=-1", r"decode\.max_len_b must be 0 or more"),
+        ("decode.no_repeat_ngram=-2", r"decode\.no_repeat_ngram must be 0 \(off, the paper\) or an n-gram size"),
     ],
 )
 def test_values_that_would_train_or_decode_wrongly_are_refused(override, message):
@@ -241,3 +242,4 @@ def test_paper_configs_keep_every_deviation_off(name):
     assert (t.clip_norm, t.weight_decay, t.label_smoothing) == (0.0, 0.0, 0.1)
     assert (t.compile, t.pad_to_multiple) == (False, 0)  # speed keys, named and off: the paper's own shapes
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")
+    assert d.no_repeat_ngram == 0  # the paper's search may repeat itself

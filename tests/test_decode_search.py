@@ -20,7 +20,13 @@ import torch
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
-from transformer_mt.decode.search import Hypothesis, beam_search, length_penalty, max_output_lengths
+from transformer_mt.decode.search import (
+    Hypothesis,
+    beam_search,
+    block_repeated_ngrams,
+    length_penalty,
+    max_output_lengths,
+)
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -453,6 +459,45 @@ def test_real_beam1_equals_greedy_loop(tiny_model: Transformer) -> None:
     out = beam_search(tiny_model, src, beam_size=1, max_len_a=1.0, max_len_b=3)
     for i, n in enumerate(lengths):
         assert out[i][0].tokens == greedy_loop(tiny_model, src[i : i + 1, : n + 1], n + 3)
+
+
+@pytest.mark.parametrize(
+    ("generated", "n", "banned"),
+    [
+        ([5, 6, 5], 2, {6}),  # "5 6" seen, the row ends in 5: 6 would repeat it
+        ([7, 7], 2, {7}),  # "7 7" would come again
+        ([1, 2, 1, 3, 1], 2, {2, 3}),  # 1 was followed by 2 and by 3; 1 itself closes no repeated bigram
+        ([4, 9, 2, 9, 4], 2, {9}),  # 9 closes the repeated "4 9" and the unrepeated "2 9": banned all the same
+        ([1, 2, 3, 1, 2], 3, {3}),
+        ([1, 2, 3, 1, 4], 3, set()),
+        ([1, 2], 3, set()),  # no complete trigram yet
+        ([3, 8], 1, {3, 8}),  # unigrams: no token twice
+    ],
+)
+def test_blocked_tokens_are_those_that_would_repeat_an_ngram(generated: list[int], n: int, banned: set[int]) -> None:
+    lprobs = torch.log_softmax(torch.randn(2, 12), dim=-1)
+    rows = torch.tensor([generated, generated[::-1]])
+    out = block_repeated_ngrams(lprobs, rows, n)
+    assert {int(i) for i in torch.nonzero(out[0] == float("-inf")).flatten()} == banned
+    assert torch.equal(out[0][out[0] > float("-inf")], lprobs[0][out[0] > float("-inf")])  # the rest unchanged
+
+
+def _ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_hypothesis_repeats_an_ngram_when_blocked(tiny_model: Transformer, n: int) -> None:
+    """The tiny random model loops; with decode.no_repeat_ngram = n no hypothesis holds an n-gram twice."""
+    src = real_src([5, 9, 3, 7, 12], seed=2)
+    plain = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=2.0, max_len_b=10)
+    assert any(len(set(_ngrams(h.tokens, n))) < len(_ngrams(h.tokens, n)) for hyps in plain for h in hyps)
+    blocked = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=2.0, max_len_b=10, no_repeat_ngram=n)
+    for hyps in blocked:
+        assert hyps and all(len(set(_ngrams(h.tokens, n))) == len(_ngrams(h.tokens, n)) for h in hyps)
+    assert beam_search(tiny_model, src, beam_size=4, max_len_b=10, no_repeat_ngram=0) == beam_search(
+        tiny_model, src, beam_size=4, max_len_b=10
+    )  # 0 is off
 
 
 def test_unk_is_a_possible_token() -> None:

@@ -284,3 +284,17 @@ def test_ctranslate2_equals_tmt_on_200_multi30k_sentences(multi30k_checkpoint: P
     assert sum(ended) >= 190
     assert [t for t, e in zip(theirs, ended, strict=True) if e] == [o for o, e in zip(ours, ended, strict=True) if e]
     assert len(set(ours)) > 100
+
+
+@needs_ct2
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the Multi30k files of the shared data directory")
+def test_ctranslate2_blocks_repeated_ngrams_as_tmt_does(multi30k_checkpoint: Path, tmp_path: Path) -> None:
+    """decode.no_repeat_ngram reaches CTranslate2's no_repeat_ngram_size: greedy output equal on every line."""
+    out = export_ctranslate2([multi30k_checkpoint], tmp_path / "ct2")
+    lines = (SHARED / "test.en").read_text(encoding="utf-8").splitlines()[:200]
+    blocked = {"beam": 1, "lenpen": 0.0, "overrides": ["decode.no_repeat_ngram=2"]}
+    ours, theirs = translate_both(multi30k_checkpoint, out, lines, **blocked)
+    assert theirs == ours
+    plain, _ = translate_both(multi30k_checkpoint, out, lines, beam=1, lenpen=0.0)
+    assert plain != ours  # this briefly trained model repeats itself: blocking changes lines

@@ -147,6 +147,7 @@ class DecodeConfig:
     max_len_b: int = 50
     batch_tokens: int = 8000  # source tokens per translation batch
     nbest: int = 1
+    no_repeat_ngram: int = 0  # deviation: a hypothesis may not repeat any n-gram of this size (fairseq's); 0: off
     quantize: Literal["none", "int8"] = "none"  # deviation: int8 dynamic quantization of the Linear layers (CPU only)
 
 
@@ -369,11 +370,15 @@ def _validate_optimizer(cfg: Config) -> None:
 
 
 def _validate_decode(d: DecodeConfig) -> None:
-    """The longest output, max_len_a x source length + max_len_b, cannot be negative."""
+    """The longest output, max_len_a x source length + max_len_b, and the n-gram size cannot be negative."""
     if not (math.isfinite(d.max_len_a) and d.max_len_a >= 0):
         raise ConfigError(f"decode.max_len_a must be 0 or more (the paper: 1), got {d.max_len_a}")
     if d.max_len_b < 0:
         raise ConfigError(f"decode.max_len_b must be 0 or more (the paper: 50), got {d.max_len_b}")
+    if d.no_repeat_ngram < 0:
+        raise ConfigError(
+            f"decode.no_repeat_ngram must be 0 (off, the paper) or an n-gram size, got {d.no_repeat_ngram}"
+        )
 
 
 def _validate_data(d: DataConfig) -> None:

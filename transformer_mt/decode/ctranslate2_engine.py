@@ -128,7 +128,7 @@ class CTranslate2Search:
             [[self.pieces[i] for i in ids[:-1]] for ids in sources],  # CTranslate2 appends EOS itself
             beam_size=d.beam_size, num_hypotheses=nbest, length_penalty=d.len_penalty, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_len, max_input_length=0, return_scores=True,
-            suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]],
+            suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]], no_repeat_ngram_size=d.no_repeat_ngram,
         )  # fmt: skip
 
     def _hypotheses(self, hypotheses: list[list[str]], scores: list[float]) -> list[Hypothesis]:

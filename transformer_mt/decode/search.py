@@ -39,6 +39,14 @@ The search, per sentence, with beam size k (all sentences of a batch at once):
    the model's own EOS log-probability.
 6. Done sentences leave the batch: their rows are dropped from the cache,
    the encoder output and the search state.
+
+``no_repeat_ngram`` = n > 0 (``decode.no_repeat_ngram``, a deviation, off in
+the paper configs; fairseq's ``--no-repeat-ngram-size``) forbids a
+hypothesis to repeat any n-gram of its own tokens: a token that would
+complete an n-gram already in it gets probability 0. An undertrained model
+can loop ("ein Mann in einem Mann in einem ...") until the maximum length;
+this stops the loop. Log-probabilities stay <= 0, so early stopping stays
+exact.
 """
 
 from __future__ import annotations
@@ -152,6 +160,7 @@ def beam_search(
     nbest: int = 1,
     max_positions: int | None = None,
     use_cache: bool = True,
+    no_repeat_ngram: int = 0,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
 
@@ -170,6 +179,8 @@ def beam_search(
     step = 0
     while beams.sent.numel() > 0:
         lprobs = _next_log_probs(model, beams, use_cache)  # (n*k, V)
+        if no_repeat_ngram > 0:
+            lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
         lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(k) == step)
         cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
@@ -206,6 +217,24 @@ def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
     lprobs[:, PAD] = NEG_INF
     lprobs[:, BOS] = NEG_INF
     return lprobs
+
+
+def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
+    """``lprobs`` (R, V) with -inf for each token that would repeat an n-gram of its row's ``generated`` (R, t).
+
+    The last n - 1 tokens of a row are compared with every (n-1)-gram before
+    it; where they match, the token that followed there is banned.
+    """
+    t = generated.shape[1]
+    if t < n:  # no complete n-gram yet
+        return lprobs
+    grams = generated.unfold(1, n, 1)  # (R, t-n+1, n): the row's n-grams so far
+    tail = generated[:, t - n + 1 :]  # (R, n-1): the n-1 tokens a new n-gram would start with
+    repeats = (grams[:, :, :-1] == tail[:, None, :]).all(dim=-1)  # (R, t-n+1)
+    penalty = torch.zeros_like(lprobs).scatter_reduce_(
+        1, grams[:, :, -1], torch.where(repeats, NEG_INF, 0.0).to(lprobs.dtype), reduce="amin"
+    )  # (R, V): -inf on banned tokens; amin, as a token may close a repeated and an unrepeated n-gram
+    return lprobs + penalty
 
 
 def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
