@@ -351,6 +351,8 @@ def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tm
     assert [m["update"] for m in records if m["kind"] == "start"] == [0, 3]
     minutes = [m["minutes"] for m in records if "minutes" in m]
     assert minutes == sorted(minutes) and ends[-1]["minutes"] == minutes[-1] > 0  # one clock, across the resume
+    for end in ends:  # each process's clock stops at its final checkpoint, where the next one's goes on
+        assert end["minutes"] == load_checkpoint(run / checkpoint_name(end["update"]))["minutes"]
     assert all("minutes" in m for m in records if m["kind"] == "valid")
 
 

@@ -143,6 +143,7 @@ class Trainer:
         self.stop_reason = ""  # why the run stops, as a user would set it ("max_updates=100"); "" while it runs
         self.last_valid_nll: float | None = None  # NLL of this process's last validation
         self.last_save_update = -1
+        self.last_save_minutes = 0.0  # the run's clock in the last periodic checkpoint, where a resume goes on
         self.start_time = self.last_save_time = time.monotonic()
         self._epoch_cache: dict[int, list[np.ndarray]] = {}  # this rank's batches of the current (and next) epoch
         self.window = Window()  # the updates since the last metric line
@@ -188,7 +189,7 @@ class Trainer:
         p = self.progress = ck.progress
         p.batch_in_epoch = self._resume_position(path, p.batch_in_epoch, ck.training)
         restore_rng(ck.training.rng, self.env, self.cfg.train.seed, p.update)
-        self.last_save_update = p.update
+        self.last_save_update, self.last_save_minutes = p.update, p.minutes
         if self.env.is_main:
             tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
         return p.update
@@ -329,6 +330,7 @@ class Trainer:
                 strip_older_checkpoints(self.save_dir, path)  # only the newest (and the best) can resume
         if not best:
             self.last_save_update, self.last_save_time = self.progress.update, time.monotonic()
+            self.last_save_minutes = ck.progress.minutes
         barrier(self.env)
 
     def _validate(self) -> tuple[float, float]:
@@ -725,10 +727,11 @@ class Trainer:
         p = self.progress
         self._settle()
         nll = self.last_valid_nll
-        if p.valid_update != p.update:
+        validated = p.valid_update != p.update
+        if validated:
             _, nll = self._validate()
-        if self.last_save_update != p.update:
-            self._save()
+        if self.last_save_update != p.update or validated:
+            self._save()  # last, so that no record is later than the checkpoint a resume starts from
         warnings = self._final_warnings()
         if self.files is not None:
             bleu = f", valid bleu {p.valid_bleu:.2f} (best {p.best_valid_bleu:.2f})" if p.valid_bleu is not None else ""
@@ -746,7 +749,7 @@ class Trainer:
                     "kind": "end",
                     "update": p.update,
                     "epoch": p.epoch,
-                    "minutes": self._minutes(),
+                    "minutes": self.last_save_minutes,  # the final checkpoint's: a resumed run's clock goes on from it
                     "stop_reason": self.stop_reason,
                 }
             )
