@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from transformer_mt.train.loss import ROWS_PER_BLOCK, label_smoothed_cross_entropy, perplexity
+from transformer_mt.train.loss import (
+    GPU_BLOCK_ELEMENTS,
+    ROWS_PER_BLOCK,
+    _blocks,
+    label_smoothed_cross_entropy,
+    perplexity,
+)
 
 
 def test_three_class_example_by_hand():
@@ -98,3 +104,13 @@ def test_shape_errors():
 def test_perplexity_is_exp_of_nats():
     assert perplexity(math.log(37.0)) == pytest.approx(37.0)
     assert perplexity(1e6) == math.inf
+
+
+def test_blocks_cover_every_row_once_small_on_a_cpu_large_elsewhere():
+    """256 rows at a time on a CPU (cache); on a GPU about 2**26 elements a block (fewer kernel launches)."""
+    for device, rows in (("cpu", ROWS_PER_BLOCK), ("meta", GPU_BLOCK_ELEMENTS // 37000)):
+        logits = torch.empty(30000, 37000, device=device) if device == "meta" else torch.empty(1000, 37)
+        blocks = _blocks(logits)
+        covered = [i for block in blocks for i in range(*block.indices(logits.size(0)))]
+        assert covered == list(range(logits.size(0)))
+        assert blocks[0].stop - blocks[0].start == min(rows, logits.size(0))

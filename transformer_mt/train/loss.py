@@ -19,7 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-ROWS_PER_BLOCK = 256  # rows of logits taken to fp32 at a time (8 MB at a vocabulary of 8000): they stay in cache
+ROWS_PER_BLOCK = 256  # rows of logits taken to fp32 at a time on a CPU (8 MB at a vocabulary of 8000): in cache
+GPU_BLOCK_ELEMENTS = 2**26  # on a GPU fewer, larger blocks (256 MB in fp32): each block costs kernel launches
 
 
 def label_smoothed_cross_entropy(
@@ -53,7 +54,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         dtype = _sum_dtype(logits)
         lse = torch.empty(logits.size(0), dtype=dtype, device=logits.device)  # (N,) log-sum-exp
         total = torch.empty_like(lse)  # (N,) sum of the logits
-        for rows in _blocks(logits.size(0)):
+        for rows in _blocks(logits):
             block = logits[rows].to(dtype)
             lse[rows] = torch.logsumexp(block, dim=-1)
             total[rows] = block.sum(dim=-1)
@@ -73,7 +74,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         on_target = ((1.0 - eps) * grad_loss + grad_nll).to(lse.dtype)
         uniform = grad_loss * (eps / vocab)
         grad = torch.empty_like(logits)
-        for rows in _blocks(logits.size(0)):
+        for rows in _blocks(logits):
             g = torch.exp(logits[rows].to(lse.dtype) - lse[rows, None])  # (n, V) softmax
             g.mul_(on_p).sub_(uniform)
             g.scatter_add_(1, safe[rows, None], -on_target.expand(g.size(0), 1))
@@ -86,8 +87,11 @@ def _sum_dtype(logits: Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _blocks(n: int) -> list[slice]:
-    return [slice(start, min(start + ROWS_PER_BLOCK, n)) for start in range(0, n, ROWS_PER_BLOCK)]
+def _blocks(logits: Tensor) -> list[slice]:
+    """Row ranges of ``logits`` (N, V) to take to fp32 one at a time."""
+    n, vocab = logits.shape
+    rows = ROWS_PER_BLOCK if logits.device.type == "cpu" else max(ROWS_PER_BLOCK, GPU_BLOCK_ELEMENTS // vocab)
+    return [slice(start, min(start + rows, n)) for start in range(0, n, rows)]
 
 
 def perplexity(nll_per_token: float) -> float:
