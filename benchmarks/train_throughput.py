@@ -33,6 +33,7 @@ CUDA tmt's update is the trainer's: fused Adam, nothing read back per update.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -335,13 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = [] if args.impl == "tmt" else parse_peers(args.peers)
     plan = [("tmt", "tmt", cfg.to_dict())]
     for impl, precision in peers:
-        plan.append(
-            (
-                f"{impl}:{precision}",
-                impl,
-                {**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "precision": precision}},
-            )
-        )
+        peer_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+        plan.append((f"{impl}:{precision}", impl, peer_cfg.to_dict()))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
     for r in range(args.repeats):
         for name, impl, cfg_dict in plan:

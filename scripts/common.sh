@@ -1,6 +1,34 @@
 # Shared by the recipe scripts (sourced, not run): argument checks, the paper's tokens per update,
 # the extra arguments each stage takes from the environment, and the training stage itself.
 
+# stage_env_help: the environment variables every recipe script reads, the end of its usage text.
+stage_env_help() {
+    cat <<'EOF'
+
+environment (optional):
+  DOWNLOAD_ARGS   extra arguments for `tmt download`, e.g. "--source statmt" or "--from /data/wmt14"
+  PREPARE_ARGS    extra arguments for `tmt prepare`, e.g. "--set data.workers=16"
+  TRAIN_ARGS      extra arguments for `tmt train`, e.g. "--set train.max_minutes=600"
+  PYTHON          the Python that has transformer_mt installed (default: python)
+  ALLOW_CPU=1     go on without the GPUs (to try the pipeline; a real run would take months)
+EOF
+}
+
+# check_usage MIN MAX ARGS...: -h/--help prints the caller's usage (exit 0); fewer than MIN or more than
+# MAX arguments print it to stderr (exit 2).
+check_usage() {
+    local min=$1 max=$2
+    shift 2
+    if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+        usage
+        exit 0
+    fi
+    if (($# < min || $# > max)); then
+        usage >&2
+        exit 2
+    fi
+}
+
 # check_gpus NGPUS: exit 2 unless NGPUS is a positive integer and `tmt` is on PATH.
 check_gpus() {
     if ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then

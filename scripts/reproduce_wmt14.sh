@@ -25,31 +25,18 @@ The script stops before downloading anything unless PyTorch sees NGPUS CUDA GPUs
 examples:
   scripts/reproduce_wmt14.sh en-de base 8     # Table 2: 27.3 BLEU, ~100k updates
   scripts/reproduce_wmt14.sh en-fr big 8      # Table 2: 41.8 BLEU, 300k updates
-
-environment (optional):
-  DOWNLOAD_ARGS   extra arguments for `tmt download`, e.g. "--source statmt" or "--from /data/wmt14"
-  PREPARE_ARGS    extra arguments for `tmt prepare`, e.g. "--set data.workers=16"
-  TRAIN_ARGS      extra arguments for `tmt train`, e.g. "--set train.max_minutes=600"
-  PYTHON          the Python that has transformer_mt installed (default: python)
-  ALLOW_CPU=1     go on without the GPUs (to try the pipeline; a real run would take months)
 EOF
+    stage_env_help
 }
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    usage
-    exit 0
-fi
-if [[ $# -lt 2 || $# -gt 3 ]]; then
-    usage >&2
-    exit 2
-fi
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/common.sh
+. "$ROOT/scripts/common.sh"
+check_usage 2 3 "$@"
 PAIR=$1
 SIZE=$2
 NGPUS=${3:-1}
 PYTHON=${PYTHON:-python}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=scripts/common.sh
-. "$ROOT/scripts/common.sh"
 
 # SAVE_EVERY: the paper's checkpoint every 10 minutes in updates at its pace (base 0.4 s, big 1.0 s per step).
 case "$PAIR/$SIZE" in

@@ -32,24 +32,11 @@ examples:
 
 then, every row you ran beside the paper's figures:
   tmt report runs/table3/* runs/wmt14_en_de_* -o report.md
-
-environment (optional):
-  DOWNLOAD_ARGS   extra arguments for \`tmt download\`, e.g. "--source statmt" or "--from /data/wmt14"
-  PREPARE_ARGS    extra arguments for \`tmt prepare\`, e.g. "--set data.workers=16"
-  TRAIN_ARGS      extra arguments for \`tmt train\`, e.g. "--set train.max_minutes=600"
-  PYTHON          the Python that has transformer_mt installed (default: python)
-  ALLOW_CPU=1     go on without the GPUs (to try the pipeline; a real run would take months)
 EOF
+    stage_env_help
 }
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    usage
-    exit 0
-fi
-if [[ $# -lt 1 || $# -gt 2 ]]; then
-    usage >&2
-    exit 2
-fi
+check_usage 1 2 "$@"
 ROW=$1
 NGPUS=${2:-1}
 PYTHON=${PYTHON:-python}
