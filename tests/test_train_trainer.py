@@ -23,7 +23,7 @@ from transformer_mt.errors import UserError
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.average import average_checkpoints
-from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, list_checkpoints
+from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, checkpoint_update, list_checkpoints
 from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
@@ -83,8 +83,8 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
 def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp_path, capsys):
     """12 updates, crash, resume, 12 more == 24 straight (dropout on, update_freq 2, crossing an epoch).
 
-    The newest checkpoint (12) is damaged and the older periodic ones hold only weights, so the run resumes
-    from the best one (the validation at update 10), which keeps its training state.
+    Every periodic checkpoint newer than the best validation (5 or 10) is damaged and the older ones hold only
+    weights, so the run resumes from the best one, which keeps its training state.
     """
     common = dict(max_tokens=2048, update_freq=2, validate_every=5, save_every_updates=4, log_every=4, keep_last=50)
     assert prepared_toy.model.dropout > 0
@@ -93,12 +93,16 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
 
     interrupted = tmp_path / "interrupted"
     train_model(_cfg(prepared_toy, interrupted, max_updates=12, **common))
-    newest = interrupted / checkpoint_name(12)
-    newest.write_bytes(newest.read_bytes()[:1000])  # the crash cut the newest checkpoint short
+    best = min((m for m in _metrics(interrupted) if m["kind"] == "valid"), key=lambda m: m["loss"])["update"]
+    assert best < 12, "the validation at the end was the best: this test needs an earlier best"
+    newer = [path for path in list_checkpoints(interrupted) if checkpoint_update(path) > best]
+    for path in newer:
+        path.write_bytes(path.read_bytes()[:1000])  # the crash cut them short
     capsys.readouterr()
     result = train_model(_cfg(prepared_toy, interrupted, max_updates=24, **common))
     err = capsys.readouterr().err
-    assert f"skipping {newest}" in err and f"resuming from {interrupted / BEST_NAME} at update 10" in err
+    assert all(f"skipping {path}" in err for path in newer)
+    assert f"resuming from {interrupted / BEST_NAME} at update {best}" in err
     assert result.epoch == 2  # the run crossed into the second epoch
 
     a = load_checkpoint(straight / checkpoint_name(24))
@@ -115,7 +119,7 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
         return [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] in ("train", "valid")]
 
     assert trajectory(interrupted) == trajectory(straight)
-    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, 10]
+    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, best]
 
 
 _KILLED_BEFORE_STRIPPING = """

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_mt.model.dropout import dropout as drop
+
 
 def split_heads(x: Tensor, parts: int, heads: int) -> tuple[Tensor, ...]:
     """(B, T, parts*D) -> `parts` views of shape (B, H, T, D/H), without copying."""
@@ -108,7 +110,7 @@ def _bf16_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_cau
     """
     probs = torch.softmax(_scores(q, k, mask, is_causal), dim=-1, dtype=torch.float32).to(v.dtype)
     if dropout > 0.0:
-        probs = F.dropout(probs, dropout)
+        probs = drop(probs, dropout)
     return torch.matmul(probs, v)  # (B, H, T, Dv)
 
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.attention import CrossAttention, SelfAttention, additive_mask, head_dims
 from transformer_mt.model.cache import MIN_CAPACITY, DecoderCache, LayerCache, Step
+from transformer_mt.model.dropout import Dropout
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 
 
@@ -55,9 +56,7 @@ class AttentionMaps:
     cross: list[Tensor] = field(default_factory=list)  # (B, H, T, S) decoder queries over the encoder output
 
 
-def residual(
-    x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor], drop: nn.Dropout, pre: bool
-) -> Tensor:
+def residual(x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor], drop: Dropout, pre: bool) -> Tensor:
     """Post-norm LayerNorm(x + Dropout(Sublayer(x))) (paper), or pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
     if pre:
         return x + drop(sublayer(norm(x)))
@@ -71,7 +70,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.drop = nn.Dropout(activation_dropout)  # deviation; p=0 by default
+        self.drop = Dropout(activation_dropout)  # deviation; p=0 by default
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.drop(F.relu(self.fc1(x))))  # (B, T, D)
@@ -87,7 +86,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, maps: AttentionMaps | None = None) -> Tensor:
         """x (B, S, D); mask (B, 1, 1, S) True at real keys, or None when nothing is padded.
@@ -111,7 +110,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.norm3 = nn.LayerNorm(cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(
         self,
@@ -181,7 +180,7 @@ class Transformer(nn.Module):
         self.src_embed = None if cfg.share_embeddings else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
         pos_cls = SinusoidalPositions if cfg.positions == "sinusoidal" else LearnedPositions
         self.positions = pos_cls(cfg.max_positions, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
