@@ -26,6 +26,7 @@ from transformer_mt.decode.search import (
     block_repeated_ngrams,
     length_penalty,
     max_output_lengths,
+    row_topk,
 )
 from transformer_mt.model.transformer import Transformer
 
@@ -521,3 +522,25 @@ def test_real_cuda_equals_cpu(tiny_model: Transformer) -> None:
     for c, g in zip(cpu, gpu, strict=True):
         assert hyp_tuples(c) == hyp_tuples(g)
         assert [h.score for h in c] == pytest.approx([h.score for h in g], abs=1e-3)
+
+
+@pytest.mark.parametrize("width", [8000, 8003, 600])
+def test_row_topk_equals_topk(width: int) -> None:
+    """Chunk maxima pick the chunks to sort; the result is topk's, for whole chunks, a tail and narrow rows."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.log_softmax(3 * torch.randn(50, width, generator=g), dim=1)
+    x[:, 5] = 0.5  # one column above every other value (the first chunk)
+    x[7, width - 1] = 1.0  # the best value of a row in the tail past the last whole chunk
+    for m in (1, 2, 8):
+        values, indices = row_topk(x, m)
+        expected = x.topk(m, dim=1)
+        assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_row_topk_of_rows_that_may_only_end() -> None:
+    """A row with -inf everywhere but EOS (the maximum length) gives EOS first, then -inf."""
+    x = torch.full((3, 8000), float("-inf"))
+    x[:, EOS] = -0.7
+    values, indices = row_topk(x, 8)
+    assert indices[:, 0].tolist() == [EOS] * 3 and values[:, 0].tolist() == pytest.approx([-0.7] * 3)
+    assert torch.isinf(values[:, 1:]).all()
