@@ -69,6 +69,11 @@ def test_eval_p_zero_and_p_one_are_f_dropouts() -> None:
     assert torch.equal(dropout(x, 0.1, training=False), x)
     assert torch.equal(dropout(x, 0.0), x)
     assert torch.equal(dropout(x, 1.0), F.dropout(x, 1.0))  # all zeros
+    for p in (1e-6, 1 - 1e-6):  # 16 bits would round them to 0 and 1
+        torch.manual_seed(5)
+        ours = dropout(x, p)
+        torch.manual_seed(5)
+        assert torch.equal(ours, F.dropout(x, p))
 
 
 def test_the_module_follows_train_and_eval() -> None:

@@ -22,8 +22,11 @@ LANES = 1 << 16  # values a 16-bit lane takes
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """``F.dropout(x, p, training)``, with the CPU's mask from 16-bit lanes of 64-bit draws (`keep_scale`)."""
-    if not training or p == 0.0 or x.device.type != "cpu" or not 0.0 < p < 1.0:
+    """``F.dropout(x, p, training)``, with the CPU's mask from 16-bit lanes of 64-bit draws (`keep_scale`).
+
+    A p that rounds to 0 or 1 in 16 bits (under 1/131072 from either) takes `F.dropout` as it is.
+    """
+    if not training or x.device.type != "cpu" or not 0 < round(p * LANES) < LANES:
         return F.dropout(x, p, training)
     return x * keep_scale(x, p)
 
