@@ -18,6 +18,8 @@ from typer.core import TyperGroup
 from transformer_mt.config import Config, load_config
 from transformer_mt.errors import UserError
 
+EMPTY_TRANSLATION = "(empty: the model ends the sentence at once; --target draws a translation of your own)"
+
 
 class Commands(TyperGroup):
     """The one place a `UserError` of any command ends: ``error: <message>`` on one line of stderr, exit 2.
@@ -677,8 +679,8 @@ def attention(
     require_matplotlib()
     found = sentence_attention(checkpoint, text, kind.value, layer, target, device)
     attention_figure(found.panel, output)
-    if found.target and target is None:
-        typer.echo(f"translation: {found.target}")
+    if target is None and kind.value != "encoder":  # the model's own translation was drawn: say what it was
+        typer.echo(f"translation: {found.target or EMPTY_TRANSLATION}")
     typer.echo(f"attention -> {output}")
 
 

@@ -9,7 +9,7 @@ scaled by 1 / (1 - p), a quarter of the random draws and about a quarter of
 the time. The probability is p rounded to a multiple of 1/65536 (0.1 becomes
 0.100006), and the scale uses that rounded p, so the expectation of each
 output element stays its input. On a GPU, `F.dropout` (one fused kernel) is
-used as it is.
+used as it is, and so under `torch.compile`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ LANES = 1 << 16  # values a 16-bit lane takes
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)``, with the CPU's mask from 16-bit lanes of 64-bit draws (`keep_scale`).
 
-    A p that rounds to 0 or 1 in 16 bits (under 1/131072 from either) takes `F.dropout` as it is.
+    A p that rounds to 0 or 1 in 16 bits (under 1/131072 from either) takes `F.dropout` as it is, and so
+    does a model under `torch.compile` (``train.compile``), which generates its own random numbers in its
+    fused kernels and would otherwise compile a graph for every activation size.
     """
-    if not training or x.device.type != "cpu" or not 0 < round(p * LANES) < LANES:
+    cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not training or not cpu or not 0 < round(p * LANES) < LANES:
         return F.dropout(x, p, training)
     return x * keep_scale(x, p)
 
