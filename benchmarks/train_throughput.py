@@ -52,6 +52,7 @@ from transformer_mt.config import Config, config_from_dict, load_config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, shuffle_batches
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch, pad_to_multiple
+from transformer_mt.malloc import keep_freed_memory
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.mfu import peak_tflops
@@ -167,6 +168,8 @@ def _measure(
     """Run in a child process: build ``impl``, train ``warmup`` + ``steps`` updates, time the last ``steps``
     (fewer when ``max_seconds`` > 0 runs out first)."""
     cfg = config_from_dict(cfg_dict)
+    if impl == "tmt":
+        keep_freed_memory()  # as every tmt command does (TMT_MALLOC=system measures without)
     if threads > 0:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

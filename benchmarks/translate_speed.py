@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer_mt.config import ModelConfig  # noqa: E402
 from transformer_mt.data.bpe import BOS, EOS, PAD  # noqa: E402
 from transformer_mt.decode.search import beam_search  # noqa: E402
+from transformer_mt.malloc import keep_freed_memory  # noqa: E402
 from transformer_mt.model.quantize import quantize_int8  # noqa: E402
 from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
 
@@ -235,6 +236,8 @@ def engine_timer(name: str, args: argparse.Namespace, directory: Path | None) ->
 
 def serve(name: str, args: argparse.Namespace, directory: Path | None, conn: Connection) -> None:
     """A worker process: build one engine, then time it on the batch each time the parent asks, until None."""
+    if name.startswith("tmt"):
+        keep_freed_memory()  # as every tmt command does (TMT_MALLOC=system measures without)
     if args.threads:
         torch.set_num_threads(args.threads)
     run = engine_timer(name, args, directory)

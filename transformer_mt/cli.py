@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.errors import UserError
+from transformer_mt.malloc import keep_freed_memory
 
 EMPTY_TRANSLATION = "(empty: the model ends the sentence at once; --target draws a translation of your own)"
 
@@ -31,6 +32,7 @@ class Commands(TyperGroup):
     """
 
     def invoke(self, ctx: typer.Context) -> object:
+        keep_freed_memory()  # every command that computes gains from it (transformer_mt/malloc.py)
         try:
             return super().invoke(ctx)
         except UserError as err:
