@@ -275,7 +275,8 @@ def row_topk(x: Tensor, m: int) -> tuple[Tensor, Tensor]:
     m chunks, and only their m * CHUNK columns are sorted; on a row of 8000
     log-probabilities this halves the time of a full `topk`, a tenth of a
     decoding step. The columns past the last whole chunk are always
-    candidates. Narrow rows take `topk` itself.
+    candidates. Narrow rows take `topk` itself. Values are topk's; among
+    equal values the order of the indices may differ from it.
     """
     rows, width = x.shape
     chunks = width // CHUNK
