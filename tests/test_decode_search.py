@@ -478,7 +478,7 @@ def test_real_beam1_equals_greedy_loop(tiny_model: Transformer) -> None:
 def test_blocked_tokens_are_those_that_would_repeat_an_ngram(generated: list[int], n: int, banned: set[int]) -> None:
     lprobs = torch.log_softmax(torch.randn(2, 12), dim=-1)
     rows = torch.tensor([generated, generated[::-1]])
-    out = block_repeated_ngrams(lprobs, rows, n)
+    out = block_repeated_ngrams(lprobs.clone(), rows, n)  # in place: compare with the untouched original
     assert {int(i) for i in torch.nonzero(out[0] == float("-inf")).flatten()} == banned
     assert torch.equal(out[0][out[0] > float("-inf")], lprobs[0][out[0] > float("-inf")])  # the rest unchanged
 

@@ -221,7 +221,8 @@ def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
 
 
 def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
-    """``lprobs`` (R, V) with -inf for each token that would repeat an n-gram of its row's ``generated`` (R, t).
+    """``lprobs`` (R, V), in place, with -inf for each token that would repeat an n-gram of its row's
+    ``generated`` (R, t).
 
     The last n - 1 tokens of a row are compared with every (n-1)-gram before
     it; where they match, the token that followed there is banned.
@@ -232,10 +233,10 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
     grams = generated.unfold(1, n, 1)  # (R, t-n+1, n): the row's n-grams so far
     tail = generated[:, t - n + 1 :]  # (R, n-1): the n-1 tokens a new n-gram would start with
     repeats = (grams[:, :, :-1] == tail[:, None, :]).all(dim=-1)  # (R, t-n+1)
-    penalty = torch.zeros_like(lprobs).scatter_reduce_(
-        1, grams[:, :, -1], torch.where(repeats, NEG_INF, 0.0).to(lprobs.dtype), reduce="amin"
-    )  # (R, V): -inf on banned tokens; amin, as a token may close a repeated and an unrepeated n-gram
-    return lprobs + penalty
+    # amin with 0 keeps a log-probability (<= 0) and with -inf bans it: no (R, V) penalty tensor is built, and a
+    # token that closes both a repeated and an unrepeated n-gram stays banned
+    ban = torch.where(repeats, NEG_INF, 0.0).to(lprobs.dtype)
+    return lprobs.scatter_reduce_(1, grams[:, :, -1], ban, reduce="amin")
 
 
 def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
