@@ -22,6 +22,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.search import (
     Hypothesis,
+    _kept_sentences,
     beam_search,
     block_repeated_ngrams,
     length_penalty,
@@ -84,7 +85,7 @@ class FakeModel:
         if cache is None:
             sent, full = enc.sent, tgt_in
         else:
-            assert torch.equal(enc.sent, cache.sent), "encoder output and cache sentences disagree"
+            # as Transformer.decode: with a cache the encoder output is not read (the search no longer reorders it)
             cache.prefix = torch.cat([cache.prefix, tgt_in], dim=1)
             sent, full = cache.sent.repeat_interleave(cache.beams), cache.prefix
         assert bool((full[:, 0] == BOS).all())
@@ -544,3 +545,13 @@ def test_row_topk_of_rows_that_may_only_end() -> None:
     values, indices = row_topk(x, 8)
     assert indices[:, 0].tolist() == [EOS] * 3 and values[:, 0].tolist() == pytest.approx([-0.7] * 3)
     assert torch.isinf(values[:, 1:]).all()
+
+
+def test_kept_sentences_move_only_into_the_places_of_done_ones() -> None:
+    """The active sentences behind the first n' fill the done places in front; the others stay where they are."""
+    done = torch.tensor([True, False, False, True, False, False, True, False])
+    keep = _kept_sentences(done)
+    assert keep.tolist() == [5, 1, 2, 7, 4]
+    assert sorted(keep.tolist()) == (~done).nonzero().squeeze(1).tolist()
+    assert _kept_sentences(torch.tensor([False, False])).tolist() == [0, 1]
+    assert _kept_sentences(torch.tensor([True, True])).tolist() == []

@@ -417,6 +417,38 @@ def test_beam_reorder_copies_no_cached_keys_or_values() -> None:
         assert layer.cross_k.shape[0] == 2 and layer.self_k.shape[:3] == (2, 4, 8)  # per sentence, capacity 8
 
 
+def test_beam_reorder_that_swaps_then_drops_sentences_in_place_equals_full_forward() -> None:
+    """Sentences moved within the buffers (each moved row read before any is written) decode exactly."""
+    model = make_model()
+    reorders = [
+        (2, torch.tensor([4, 3, 3, 0, 2, 1]), torch.tensor([1, 0])),
+        (4, torch.tensor([3, 5, 5]), torch.tensor([1])),
+    ]
+    got, expected = beam_rows_decoding(model, 3, reorders)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_dropping_sentences_copies_only_the_rows_that_move() -> None:
+    """Keeping fewer sentences writes into the same buffers: kept sentences already in place are not copied."""
+    model = make_model()
+    with torch.no_grad():
+        enc = model.encode(tokens([7, 3, 5, 4], seed=1))
+        cache = model.init_cache(enc, beams=2, capacity=8)
+        model.decode(tokens([6] * 8, seed=2)[:, :2], enc, cache)
+        layer = cache.layers[0]
+        before = [t.data_ptr() for t in (layer.self_k, layer.self_v, layer.cross_k, layer.cross_v)]
+        rows = {name: getattr(layer, name).clone() for name in ("self_k", "self_v", "cross_k", "cross_v")}
+        cache.reorder(torch.tensor([6, 7, 2, 3]), sentences=torch.tensor([3, 1]))  # 0 and 2 done; 3 fills place 0
+        assert [t.data_ptr() for t in (layer.self_k, layer.self_v, layer.cross_k, layer.cross_v)] == before
+        for name, old in rows.items():
+            kept = getattr(layer, name)
+            assert kept.shape[0] == 2
+            if name.startswith("self"):  # positions [:2] are written; the rest of the capacity is unused
+                torch.testing.assert_close(kept[:, :, :2], old[[3, 1], :, :2], atol=0, rtol=0)
+            else:
+                torch.testing.assert_close(kept, old[[3, 1]], atol=0, rtol=0)
+
+
 def test_beam_reorder_refuses_to_move_a_row_to_another_sentence() -> None:
     model = make_model()
     with torch.no_grad():

@@ -6,7 +6,9 @@ The search runs on any model with the decoding API of `transformer_mt.model`:
 positions the search will feed), where ``enc.reorder(index)`` returns the rows
 ``index`` of the encoder output and ``cache.reorder(index, sentences)`` makes
 row r of the cache continue the hypothesis of row ``index[r]``, in place,
-keeping the sentences ``sentences`` when some leave the batch. Row r of a
+keeping the sentences ``sentences`` when some leave the batch. With a cache,
+``decode`` reads the encoder output no more (the cache holds what it needs),
+so the search leaves ``enc`` as `encode` returned it. Row r of a
 decode batch is beam r % k of sentence r // k. Nothing in the loop knows which
 model it runs.
 
@@ -37,8 +39,9 @@ The search, per sentence, with beam size k (all sentences of a batch at once):
    tokens without EOS, capped so that BOS + output fits in ``max_positions``.
    At that length EOS is forced: the remaining hypotheses are finished with
    the model's own EOS log-probability.
-6. Done sentences leave the batch: their rows are dropped from the cache,
-   the encoder output and the search state.
+6. Done sentences leave the batch: their rows are dropped from the cache
+   and the search state. The active sentences behind the first n' (n' of
+   them remain) fill the places of the done ones, so that only those move.
 
 ``no_repeat_ngram`` = n > 0 (``decode.no_repeat_ngram``, a deviation, off in
 the paper configs; fairseq's ``--no-repeat-ngram-size``) forbids a
@@ -348,16 +351,14 @@ def _sentences_done(
 
 def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: Tensor, done: Tensor, k: int) -> _Beams:
     """Append the chosen tokens, point each cache row at its parent and drop the done sentences."""
-    keep = (~done).nonzero().squeeze(1)  # (n',) positions of the sentences still active
+    keep = _kept_sentences(done)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
     rows = (keep[:, None] * k + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
     tokens = torch.cat([beams.tokens.index_select(0, rows), live_token.index_select(0, keep).view(-1, 1)], dim=1)
     if beams.cache is not None:
         beams.cache.reorder(rows, sentences=keep if shrink else None)
     enc = beams.enc
-    if shrink and beams.cache is not None:
-        enc = enc.reorder(keep)
-    elif shrink:
+    if shrink and beams.cache is None:  # with a cache the decoder reads the encoder output no more (`_start`)
         enc = enc.reorder((keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1))
     return _Beams(
         beams.sent.index_select(0, keep),
@@ -367,3 +368,19 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
         enc,
         beams.cache,
     )
+
+
+def _kept_sentences(done: Tensor) -> Tensor:
+    """(n',) the sentences not ``done`` (n,), in the order that moves the fewest of them.
+
+    Each sentence among the first n' stays where it is; the active sentences
+    beyond n' fill the places of the done ones there. Dropping f sentences
+    then moves at most f rows of the cache (`DecoderCache.reorder` copies only
+    the moved rows) instead of every row behind the first done one. The order
+    of sentences in a batch changes nothing else: ``_Beams.sent`` follows them.
+    """
+    alive = (~done).nonzero().squeeze(1)
+    n = alive.numel()
+    keep = torch.arange(n, device=done.device)
+    keep[done[:n].nonzero().squeeze(1)] = alive[alive >= n]  # as many done places in front as active ones behind
+    return keep

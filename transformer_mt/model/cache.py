@@ -73,17 +73,36 @@ class LayerCache:
 
         Only the ``length`` positions written so far are copied, not the whole capacity.
         """
-        self.cross_k = self.cross_k.index_select(0, sentences)
-        self.cross_v = self.cross_v.index_select(0, sentences)
+        moved = _moved_rows(sentences)
+        self.cross_k = _keep_rows(self.cross_k, sentences, moved)
+        self.cross_v = _keep_rows(self.cross_v, sentences, moved)
         if self.self_k is not None and self.self_v is not None:
-            self.self_k = _keep_rows(self.self_k, sentences, length)
-            self.self_v = _keep_rows(self.self_v, sentences, length)
+            self.self_k = _keep_rows(self.self_k, sentences, moved, length)
+            self.self_v = _keep_rows(self.self_v, sentences, moved, length)
 
 
-def _keep_rows(buffer: Tensor, rows: Tensor, length: int) -> Tensor:
-    """A buffer of the same capacity holding ``buffer``'s rows ``rows``, positions [:length] copied."""
+def _moved_rows(rows: Tensor) -> Tensor:
+    """The places i where ``rows[i] != i``: the rows a keep has to move."""
+    return (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
+
+
+def _keep_rows(buffer: Tensor, rows: Tensor, moved: Tensor, length: int | None = None) -> Tensor:
+    """``buffer``'s rows ``rows`` (positions [:length] on dim 2 of a self-attention buffer; all of a cross one).
+
+    When the rows are fewer than the buffer's, in place: the ``moved`` rows
+    (`_moved_rows`) are read first, then written to their new places, and the
+    result is a view of the buffer's first rows. Beam search keeps most
+    sentences where they are (`search._kept_sentences`), so dropping f
+    sentences copies f rows, not the whole cache. More rows than the buffer
+    has (repeated sentences) take a new buffer of the same capacity.
+    """
+    positions = (slice(None), slice(0, length))  # dims 1 and 2: positions [:length], or all of them
+    if rows.numel() <= buffer.shape[0]:
+        if moved.numel() > 0:  # the right side is gathered before anything is written
+            buffer[(moved, *positions)] = buffer[(rows.index_select(0, moved), *positions)]
+        return buffer[: rows.numel()]
     kept = buffer.new_empty(rows.numel(), *buffer.shape[1:])
-    torch.index_select(buffer[:, :, :length], 0, rows, out=kept[:, :, :length])
+    torch.index_select(buffer[(slice(None), *positions)], 0, rows, out=kept[(slice(None), *positions)])
     return kept
 
 
