@@ -30,10 +30,11 @@ calls on real text instead, at natural output lengths: tmt's own engine on
 the checkpoint against ``--engine ctranslate2`` on its `tmt export
 ctranslate2` directories (fp32 and int8), both with tmt's line handling, BPE
 and batches, and the length penalty CTranslate2 implements (``len **
-alpha``, ``decode.len_penalty_form: fairseq``). With alpha > 0 the searches
+alpha``, ``decode.len_penalty_form: fairseq``). By default the searches
 still differ in when they stop: tmt goes on while a live hypothesis could
 still win (exact), CTranslate2 stops once k have finished, so tmt decodes
-more steps; with ``--lenpen 0`` both stop alike and translate alike.
+more steps; ``--stopping k_finished`` gives tmt CTranslate2's rule
+(``decode.stopping``), and then both decode the same steps.
 
 The peers are optional (pip install -e ".[bench]": ctranslate2, transformers);
 a missing one is skipped with a note. ``--natural`` also times tmt at natural
@@ -201,7 +202,11 @@ def text_timer(name: str, args: argparse.Namespace, directory: Path | None) -> T
     from transformer_mt.decode.translate import Translator
 
     lines = Path(args.text).read_text(encoding="utf-8").splitlines()
-    settings = ["decode.len_penalty_form=fairseq", f"decode.len_penalty={args.lenpen}"]
+    settings = [
+        "decode.len_penalty_form=fairseq",
+        f"decode.len_penalty={args.lenpen}",
+        f"decode.stopping={args.stopping}",
+    ]
     if name.startswith("tmt"):
         quantize = ["decode.quantize=int8"] if name == "tmt int8" else []
         translator = Translator.from_checkpoints([args.checkpoint], device=args.device, overrides=settings + quantize)
@@ -308,6 +313,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads of every engine (0: torch's default)")
     parser.add_argument("--text", help="with --checkpoint: time translate_lines on this file's lines (all of them)")
     parser.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha of every engine")
+    parser.add_argument(
+        "--stopping", choices=["exact", "k_finished"], default="exact",
+        help="with --text: tmt's decode.stopping (CTranslate2 always stops at k finished hypotheses)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.text and not args.checkpoint:
         parser.error("--text needs --checkpoint (the model that translates it)")

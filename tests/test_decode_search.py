@@ -214,6 +214,19 @@ def test_early_stop_waits_while_a_live_hypothesis_can_still_win() -> None:
     assert model.decode_calls == 3  # then nothing live is left
 
 
+def test_k_finished_stopping_ends_at_k_finished_hypotheses() -> None:
+    """decode.stopping k_finished (fairseq's and CTranslate2's rule): the same table stops after step 1 with the
+    two finished there, and the late winner 'aa' is never found."""
+    model = FakeModel(late_winner_table)
+    [hyps] = beam_search(
+        model, torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10, nbest=2,
+        stopping="k_finished",
+    )  # fmt: skip
+    assert hyp_tuples(hyps) == [(), (A,)]
+    assert hyps[1].score == pytest.approx(math.log(0.25) / (7 / 6), abs=1e-5)
+    assert model.decode_calls == 2
+
+
 def test_early_stop_bound_uses_max_length_penalty() -> None:
     """With alpha 0 the bound is the live log-probability itself: the search stops at the first step where
     the best live hypothesis falls below the worst of k finished ones, long before the maximum length."""

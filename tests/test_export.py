@@ -81,13 +81,17 @@ def translate_both(checkpoint: Path, model_dir: Path, lines: list[str], **settin
     return outputs[0], outputs[1]
 
 
-def ends_before_max_length(checkpoint: Path, lines: list[str], beam: int) -> list[bool]:
-    """Whether tmt's best hypothesis of each line ends by itself, before its maximum length (EOS not forced)."""
+def ends_before_max_length(checkpoint: Path, lines: list[str], beam: int, **search) -> list[bool]:
+    """Whether tmt's best hypothesis of each line ends by itself, before its maximum length (EOS not forced).
+
+    ``search``: `beam_search` settings other than the config's (default: length penalty 0).
+    """
     translator = Translator.from_checkpoints([checkpoint], device="cpu")
     d, positions = translator.cfg.decode, translator.cfg.model.max_positions
     src = pad_batch([translator.encode(i, line) for i, line in enumerate(lines)])
-    hyps = beam_search(translator.model, src, beam_size=beam, len_penalty=0.0, max_len_a=d.max_len_a,
-                       max_len_b=d.max_len_b, max_positions=positions)  # fmt: skip
+    search = {"len_penalty": 0.0} | search
+    hyps = beam_search(translator.model, src, beam_size=beam, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+                       max_positions=positions, **search)  # fmt: skip
     limits = max_output_lengths(src, d.max_len_a, d.max_len_b, positions).tolist()
     return [len(h[0].tokens) < limit for h, limit in zip(hyps, limits, strict=True)]
 
@@ -301,3 +305,20 @@ def test_ctranslate2_blocks_repeated_ngrams_as_tmt_does(multi30k_checkpoint: Pat
     assert theirs == ours
     plain, _ = translate_both(multi30k_checkpoint, out, lines, beam=1, lenpen=0.0)
     assert plain != ours  # this briefly trained model repeats itself: blocking changes lines
+
+
+@needs_ct2
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the Multi30k files of the shared data directory")
+def test_ctranslate2_equals_tmt_stopping_at_k_finished(multi30k_checkpoint: Path, tmp_path: Path) -> None:
+    """Beam 4, length ** 0.6: with decode.stopping k_finished, tmt stops as CTranslate2 does, and every line that
+    ends before its maximum length is the same."""
+    out = export_ctranslate2([multi30k_checkpoint], tmp_path / "ct2")
+    lines = (SHARED / "test.en").read_text(encoding="utf-8").splitlines()[:200]
+    settings = ["decode.no_repeat_ngram=0", "decode.len_penalty_form=fairseq", "decode.stopping=k_finished"]
+    ours, theirs = translate_both(multi30k_checkpoint, out, lines, beam=4, lenpen=0.6, overrides=settings)
+    search = {"len_penalty": 0.6, "len_penalty_form": "fairseq", "stopping": "k_finished"}
+    ended = ends_before_max_length(multi30k_checkpoint, lines, 4, **search)
+    assert sum(ended) >= 190
+    assert [t for t, e in zip(theirs, ended, strict=True) if e] == [o for o, e in zip(ours, ended, strict=True) if e]
+    assert len(set(ours)) > 100

@@ -248,7 +248,7 @@ def evaluate_checkpoint(
         "engine": engine,
         "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
         "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
-                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize},
+                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping},
         **score_files(hyp_path, ref_path, data.tgt_lang),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip

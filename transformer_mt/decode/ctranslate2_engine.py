@@ -12,8 +12,9 @@ CTranslate2's search differs from tmt's (docs/decoding.md) in three ways:
   fairseq`` (EOS counted in the length, as here); the paper's ``((5 +
   length) / 6) ** alpha`` does not exist there, so a ``gnmt`` config with
   alpha > 0 is decoded with ``length ** alpha`` and a warning;
-- with alpha > 0 it stops a sentence once k hypotheses have finished, where
-  tmt goes on while a live hypothesis can still win;
+- it stops a sentence once k hypotheses have finished (tmt's ``decode.stopping:
+  k_finished``), where tmt by default goes on while a live hypothesis can
+  still win;
 - a hypothesis that reaches the maximum length ends there without EOS,
   where tmt appends EOS and counts its log-probability.
 

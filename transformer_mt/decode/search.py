@@ -34,6 +34,10 @@ The search, per sentence, with beam size k (all sentences of a batch at once):
    finished score means done. With k = 1 the search is greedy decoding: the
    first time the best token is EOS the sentence is done, as in
    tensor2tensor and Hugging Face, which also decode greedily for one beam.
+   ``stopping="k_finished"`` (``decode.stopping``, a deviation) ends a
+   sentence as soon as it has k finished hypotheses, the rule of fairseq and
+   CTranslate2: fewer steps, but a live hypothesis that would still have
+   entered the k best is given up.
 5. The maximum output length is ``max_len_a * src_len + max_len_b`` tokens
    before EOS (the paper: source length + 50), ``src_len`` counting the source
    tokens without EOS, capped so that BOS + output fits in ``max_positions``.
@@ -164,6 +168,7 @@ def beam_search(
     max_positions: int | None = None,
     use_cache: bool = True,
     no_repeat_ngram: int = 0,
+    stopping: Literal["exact", "k_finished"] = "exact",
 ) -> list[list[Hypothesis]]:
     """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
 
@@ -188,7 +193,7 @@ def beam_search(
         cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
-        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form)
+        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
         beams = _advance(beams, live_scores, live_beam, live_token, done, k)
         step += 1
     return [hyps[:nbest] for hyps in finished.hyps]
@@ -333,8 +338,10 @@ def _sentences_done(
     step: int,
     alpha: float,
     form: Literal["gnmt", "fairseq"],
+    stopping: Literal["exact", "k_finished"] = "exact",
 ) -> Tensor:
-    """(n,) bool: the sentences whose result can no longer change (module docstring, rule 4)."""
+    """(n,) bool: the sentences whose result can no longer change, or with ``k_finished`` the sentences with k
+    finished hypotheses (module docstring, rule 4)."""
     k = beams.scores.shape[1]
     best_live = live_scores[:, 0].double()  # (n,) raw log-probabilities, -inf when nothing is live
     t = step + 1  # tokens of the live hypotheses after this step
@@ -343,9 +350,9 @@ def _sentences_done(
     bound = best_live / torch.maximum(lp_max, lp_now)  # (n,) best normalized score a live one could reach
     worst = torch.tensor([finished.kth_score(s) for s in beams.sent.tolist()], dtype=torch.float64)
     worst = worst.to(bound.device)
-    # Greedy (k = 1): the first finished hypothesis is the result. Otherwise compare with the k-th best
+    # Greedy (k = 1) and k_finished: done once k hypotheses have finished. Otherwise compare with the k-th best
     # finished score, which is -inf (anything can still enter) while fewer than k are finished.
-    can_improve = torch.isinf(worst) if k == 1 else bound >= worst
+    can_improve = torch.isinf(worst) if k == 1 or stopping == "k_finished" else bound >= worst
     return ~can_improve | torch.isinf(best_live) | (beams.max_len <= step)
 
 

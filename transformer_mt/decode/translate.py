@@ -266,7 +266,7 @@ class Translator:
         return beam_search(
             self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
-            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram,
+            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
         )  # fmt: skip
 
 
