@@ -63,6 +63,7 @@ from transformer_mt.config import ModelConfig  # noqa: E402
 from transformer_mt.data.bpe import BOS, EOS, PAD  # noqa: E402
 from transformer_mt.decode.search import beam_search  # noqa: E402
 from transformer_mt.malloc import keep_freed_memory  # noqa: E402
+from transformer_mt.model.onednn import onednn_available, use_onednn_linears  # noqa: E402
 from transformer_mt.model.quantize import quantize_int8  # noqa: E402
 from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
 
@@ -103,18 +104,25 @@ def random_sources(n: int, vocab: int, seed: int) -> torch.Tensor:
     return src
 
 
-def tmt_model(args: argparse.Namespace) -> tuple[Transformer, list[str]]:
-    """The model and its vocabulary (pieces by id): a checkpoint's, or a random model with placeholder pieces."""
+def tmt_model(args: argparse.Namespace, quantize: str = "none") -> tuple[Transformer, list[str]]:
+    """The model as `tmt translate` decodes with it (``quantize``: decode.quantize), and its vocabulary (pieces
+    by id): a checkpoint's, or a random model with placeholder pieces."""
     if args.checkpoint:
         from transformer_mt.decode.ctranslate2_engine import pieces_of
         from transformer_mt.decode.translate import Translator
 
-        translator = Translator.from_checkpoints([args.checkpoint], device=args.device)
+        overrides = [f"decode.quantize={quantize}"]
+        translator = Translator.from_checkpoints([args.checkpoint], device=args.device, overrides=overrides)
         return translator.model, pieces_of(translator.bpe)
     torch.manual_seed(0)
     cfg = ModelConfig(**SHAPES[args.shape], dropout=0.0, max_positions=1024)
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, args.vocab)]
-    return Transformer(cfg, args.vocab).eval().to(args.device), pieces
+    model = Transformer(cfg, args.vocab).eval().to(args.device)
+    if quantize == "int8":
+        return quantize_int8(model), pieces
+    if args.device == "cpu" and onednn_available():  # as Translator loads a model to decode in fp32 on the CPU
+        return use_onednn_linears(model), pieces
+    return model, pieces
 
 
 def tmt_timer(model: Any, args: argparse.Namespace, forced: bool = True) -> Timer:
@@ -227,11 +235,9 @@ def engine_timer(name: str, args: argparse.Namespace, directory: Path | None) ->
     """The timer of engine ``name``, built inside its own process (the tmt model is rebuilt from the same seed)."""
     if args.text:
         return text_timer(name, args, directory)
-    model, pieces = tmt_model(args)
-    if name == "tmt fp32":
+    model, pieces = tmt_model(args, "int8" if name == "tmt int8" else "none")
+    if name in ("tmt fp32", "tmt int8"):
         return tmt_timer(model, args)
-    if name == "tmt int8":
-        return tmt_timer(quantize_int8(model), args)
     if name == "tmt natural length":
         return tmt_timer(model, args, forced=False)
     if name.startswith("CTranslate2") and directory is not None:
