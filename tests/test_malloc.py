@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from transformer_mt import cli
-from transformer_mt.malloc import keep_freed_memory
+from transformer_mt.malloc import keep_freed_memory, release_free_memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's options are glibc's")
 
@@ -39,3 +39,32 @@ def test_every_command_applies_it(monkeypatch: pytest.MonkeyPatch, tmp_path) -> 
 def test_it_can_be_called_again() -> None:
     first = keep_freed_memory()
     assert keep_freed_memory() == first
+
+
+RELEASE = """
+import torch
+from transformer_mt.malloc import keep_freed_memory, release_free_memory
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+
+keep_freed_memory()  # a trim threshold of 1 GiB: what is freed stays
+blocks = [torch.ones(1 << 18) for _ in range(800)]  # 800 blocks of 1 MiB, below the mmap threshold: the heap
+held = blocks[::8]  # every eighth stays live, so the freed ones are holes between live blocks
+del blocks
+before = rss_mb()
+released = release_free_memory()
+print(released, before - rss_mb(), float(sum(b.sum() for b in held)))
+"""
+
+
+@glibc
+def test_release_free_memory_gives_the_holes_back() -> None:
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "True" and int(out[1]) > 500  # about 700 MiB of freed blocks behind live ones
+    assert float(out[2]) == 100 * (1 << 18)
+
+
+def test_release_free_memory_leaves_tmt_malloc_system_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMT_MALLOC", "system")
+    assert release_free_memory() is False

@@ -334,6 +334,14 @@ def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(pre
     assert "\r" not in err  # no progress bar
 
 
+def test_free_memory_is_released_at_each_metric_line(prepared_toy, tmp_path, monkeypatch):
+    """Varying batch shapes fragment the heap: the trainer gives free pages back at every log line."""
+    calls = []
+    monkeypatch.setattr("transformer_mt.train.trainer.release_free_memory", lambda: calls.append(1) or True)
+    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=4, log_every=2, validate_every=100))
+    assert len(calls) == 2
+
+
 def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tmp_path):
     """What `tmt report` reads: model size, FLOPs per target token, device; where and when the run stopped."""
     run = tmp_path / "run"

@@ -31,6 +31,7 @@ from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.batching import epoch_batches, resume_position
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
+from transformer_mt.malloc import release_free_memory
 from transformer_mt.model.transformer import count_parameters, flops_per_token
 from transformer_mt.train.build import build_stepper, compiled_graphs, load_run_data
 from transformer_mt.train.checkpoint import (
@@ -616,6 +617,7 @@ class Trainer:
                 self._show(window, bar, log)
         if log:
             window.reset()
+            release_free_memory()  # freed blocks of varying batch shapes fragment the heap (transformer_mt/malloc.py)
         if tc.validate_every > 0 and p.update % tc.validate_every == 0:
             self._settle()
             self._validate()
