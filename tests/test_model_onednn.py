@@ -93,3 +93,11 @@ def test_translator_on_the_cpu_uses_onednn_linears(
     assert plain.model.output_projection is None and type(plain.model.decoder[0].self_attn.qkv) is nn.Linear
     plain.show_progress = False
     assert translator.translate_lines(lines) == plain.translate_lines(lines)
+
+
+def test_only_x86_64_machines_take_the_onednn_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MKL's vendor dispatch is an x86 matter; elsewhere (ARM's oneDNN runs on other backends) nn.Linear stays."""
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    assert not onednn_available()
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    assert onednn_available()

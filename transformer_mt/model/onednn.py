@@ -12,10 +12,13 @@ So a model loaded for decoding on the CPU in fp32 has its Linear layers, and
 the tied output projection, replaced by `OneDnnLinear`s over the same
 weights. The formula is the same in fp32; only the order of the sums inside
 a dot product differs, a rounding-level change. Training, CUDA, int8
-(`decode.quantize`) and PyTorch builds without oneDNN keep `nn.Linear`.
+(`decode.quantize`), machines other than x86-64 and PyTorch builds without
+oneDNN keep `nn.Linear`.
 """
 
 from __future__ import annotations
+
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +28,12 @@ from transformer_mt.model.transformer import Transformer
 
 
 def onednn_available() -> bool:
-    """Whether this PyTorch build has oneDNN and its fp32 linear op."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether this is an x86-64 machine and its PyTorch build has oneDNN's fp32 linear op.
+
+    x86-64 only: MKL's vendor dispatch is an x86 matter, and elsewhere oneDNN runs on other backends.
+    """
+    x86 = platform.machine().lower() in {"x86_64", "amd64"}
+    return x86 and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class OneDnnLinear(nn.Module):
