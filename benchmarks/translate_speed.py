@@ -63,7 +63,7 @@ from transformer_mt.config import ModelConfig  # noqa: E402
 from transformer_mt.data.bpe import BOS, EOS, PAD  # noqa: E402
 from transformer_mt.decode.search import beam_search  # noqa: E402
 from transformer_mt.malloc import keep_freed_memory  # noqa: E402
-from transformer_mt.model.onednn import onednn_available, use_onednn_linears  # noqa: E402
+from transformer_mt.model.onednn import use_onednn_linears  # noqa: E402
 from transformer_mt.model.quantize import quantize_int8  # noqa: E402
 from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
 
@@ -118,11 +118,8 @@ def tmt_model(args: argparse.Namespace, quantize: str = "none") -> tuple[Transfo
     cfg = ModelConfig(**SHAPES[args.shape], dropout=0.0, max_positions=1024)
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, args.vocab)]
     model = Transformer(cfg, args.vocab).eval().to(args.device)
-    if quantize == "int8":
-        return quantize_int8(model), pieces
-    if args.device == "cpu" and onednn_available():  # as Translator loads a model to decode in fp32 on the CPU
-        return use_onednn_linears(model), pieces
-    return model, pieces
+    # as Translator loads a model to decode: int8, or fp32 through oneDNN on an x86-64 CPU
+    return (quantize_int8(model) if quantize == "int8" else use_onednn_linears(model)), pieces
 
 
 def tmt_timer(model: Any, args: argparse.Namespace, forced: bool = True) -> Timer:

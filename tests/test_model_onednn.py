@@ -88,7 +88,7 @@ def test_translator_on_the_cpu_uses_onednn_linears(
     assert isinstance(translator.model.output_projection, OneDnnLinear)
     assert isinstance(translator.model.decoder[0].self_attn.qkv, OneDnnLinear)
     translator.show_progress = False
-    monkeypatch.setattr("transformer_mt.decode.translate.onednn_available", lambda: False)
+    monkeypatch.setattr("transformer_mt.model.onednn.onednn_available", lambda: False)
     plain = Translator.from_checkpoints([checkpoint], device="cpu")
     assert plain.model.output_projection is None and type(plain.model.decoder[0].self_attn.qkv) is nn.Linear
     plain.show_progress = False

@@ -29,22 +29,30 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt options (malloc.h)
 SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 256 << 20))
 
 
+def _malloc_function(name: str, *argtypes: type) -> Any:
+    """The C library's function ``name`` (typed, returning an int), or None: under ``TMT_MALLOC=system`` or
+    where the library has no such function."""
+    if os.environ.get("TMT_MALLOC") == "system":
+        return None
+    try:
+        function = getattr(ctypes.CDLL(None), name)  # the C library this process already runs on
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
+
+
 def keep_freed_memory() -> bool:
     """Apply `SETTINGS` through glibc's ``mallopt``; True when each one took. Calling it again changes nothing."""
-    if os.environ.get("TMT_MALLOC") == "system":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
+    mallopt = _malloc_function("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and all(mallopt(option, value) == 1 for option, value in SETTINGS)
 
 
 def release_free_memory() -> bool:
@@ -53,12 +61,5 @@ def release_free_memory() -> bool:
     The resident size falls back to what is in use. ``TMT_MALLOC=system`` and C libraries without
     ``malloc_trim`` leave it as it is.
     """
-    if os.environ.get("TMT_MALLOC") == "system":
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes = (ctypes.c_size_t,)
-    trim.restype = ctypes.c_int
-    return trim(0) == 1
+    trim = _malloc_function("malloc_trim", ctypes.c_size_t)
+    return trim is not None and trim(0) == 1

@@ -47,7 +47,7 @@ from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
-from transformer_mt.model.onednn import onednn_available, use_onednn_linears
+from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer
 
 
@@ -335,11 +335,7 @@ def _load_model(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -
     """The model of ``ck`` as ``cfg`` describes it, on ``device``; int8 when ``decode.quantize`` says so, and
     in fp32 on the CPU with oneDNN's Linear layers (`transformer_mt.model.onednn`)."""
     model = _build_model(cfg, ck.model, load_bpe_bytes(ck.spm_model), path).to(device)
-    if cfg.decode.quantize == "int8":
-        return _quantize_int8(model)
-    if device.type == "cpu" and onednn_available():
-        return use_onednn_linears(model)
-    return model
+    return _quantize_int8(model) if cfg.decode.quantize == "int8" else use_onednn_linears(model)
 
 
 def _build_model(

@@ -68,12 +68,11 @@ class LayerCache:
         end = step.length + k.shape[2]
         return self.self_k[:, :, :end].flatten(2, 3), self.self_v[:, :, :end].flatten(2, 3)
 
-    def keep_sentences(self, sentences: Tensor, length: int) -> None:
+    def keep_sentences(self, sentences: Tensor, moved: Tensor, length: int) -> None:
         """Keep the sentences ``sentences`` (LongTensor), in that order: the only copy of cached keys/values.
 
         Only the ``length`` positions written so far are copied, not the whole capacity.
         """
-        moved = _moved_rows(sentences)
         self.cross_k = _keep_rows(self.cross_k, sentences, moved)
         self.cross_v = _keep_rows(self.cross_v, sentences, moved)
         if self.self_k is not None and self.self_v is not None:
@@ -185,8 +184,9 @@ class DecoderCache:
         _check_within_sentences(index, kept, k)
         self.ancestry = self.ancestry.flatten(0, 1).index_select(0, index).view(kept.numel(), k, length)
         if sentences is not None:
+            moved = _moved_rows(sentences)  # the same for every layer
             for layer in self.layers:
-                layer.keep_sentences(sentences, length)
+                layer.keep_sentences(sentences, moved, length)
             if self.cross_mask is not None:
                 self.cross_mask = self.cross_mask.index_select(0, sentences)
         return self

@@ -63,8 +63,11 @@ def use_onednn_linears(model: Transformer) -> Transformer:
 
     For a model loaded to decode (eval mode, no gradients): the layers share
     the original parameters, so nothing is copied and the state dict keeps its
-    keys.
+    keys. A model off the CPU, or where `onednn_available` is False, is
+    returned as it is.
     """
+    if model.embed.weight.device.type != "cpu" or not onednn_available():
+        return model
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
