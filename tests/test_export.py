@@ -54,13 +54,18 @@ def toy_checkpoint(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def toy_trained_checkpoint(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """1500 updates on the toy corpus (about 10 s): translations that end by themselves, and differ."""
+    """1500 updates on the toy corpus (a few seconds): translations that end by themselves, and differ.
+
+    Trained in fp32, the precision both engines decode it in. bf16-trained toy models showed a line or two
+    whose output differed between the engines, and between test processes: near-ties, which the engines'
+    different summation orders break differently.
+    """
     from transformer_mt.train.trainer import train_model
 
     save_dir = tmp_path_factory.mktemp("toy_run")
     train = dataclasses.replace(
         prepared_toy.train, save_dir=str(save_dir), max_updates=1500, lr=0.005, warmup=20, validate_every=0,
-        log_every=1000,
+        log_every=1000, precision="fp32",
     )  # fmt: skip
     train_model(dataclasses.replace(prepared_toy, train=train))
     return max(save_dir.glob("checkpoint_u*.pt"))
@@ -203,9 +208,13 @@ def test_cli_does_not_import_ctranslate2() -> None:
 def test_ctranslate2_equals_tmt_on_a_trained_toy_model(
     toy_trained_checkpoint: Path, toy_lines: list[str], tmp_path: Path, beam: int
 ) -> None:
+    """Greedy: every line. Beam 4: every line whose translation ends before its maximum length, as on Multi30k
+    below: on a line that repeats itself up to the limit CTranslate2 does not force EOS as tmt does."""
     out = export_ctranslate2([toy_trained_checkpoint], tmp_path / "ct2")
     ours, theirs = translate_both(toy_trained_checkpoint, out, toy_lines, beam=beam, lenpen=0.0)
-    assert theirs == ours
+    ended = ends_before_max_length(toy_trained_checkpoint, toy_lines, beam) if beam > 1 else [True] * len(ours)
+    assert sum(ended) >= len(ours) - 4
+    assert [t for t, e in zip(theirs, ended, strict=True) if e] == [o for o, e in zip(ours, ended, strict=True) if e]
     assert len(set(ours)) > len(ours) // 2  # varied output: a real comparison
 
 

@@ -299,6 +299,42 @@ def test_target_padding_does_not_change_real_outputs() -> None:
     torch.testing.assert_close(a[1, :2], b[1, :2], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "changes", [{}, {"norm": "pre"}, {"positions": "learned"}, {"d_k": 3}, {"share_embeddings": False}], ids=str
+)
+def test_packed_forward_is_the_padded_forward_at_the_real_positions_with_the_same_gradients(changes: dict) -> None:
+    model = make_model(**changes).double()
+    src, tgt = tokens([6, 3, 5, 1], seed=1), tokens([4, 6, 2, 5], seed=2)
+    real = tgt.ne(PAD)
+    padded = model(src, tgt)[real]  # (N, V)
+    packed = model(src, tgt, pack=True)
+    assert packed.shape == (int(real.sum()), V)
+    torch.testing.assert_close(packed, padded, atol=1e-12, rtol=0)
+    weights = torch.randn_like(padded)
+    grads = [torch.autograd.grad((out * weights).sum(), list(model.parameters())) for out in (padded, packed)]
+    for name, g_padded, g_packed in zip([n for n, _ in model.named_parameters()], *grads, strict=True):
+        torch.testing.assert_close(g_packed, g_padded, atol=1e-12, rtol=0, msg=name)
+
+
+def test_packed_encoder_output_is_the_real_rows_of_the_padded_one() -> None:
+    model = make_model()
+    src = tokens([6, 3, 5], seed=1)
+    with torch.no_grad():
+        enc, packed = model.encode(src), model.encode(src, pack=True)
+    assert packed.packing is not None and enc.packing is None
+    torch.testing.assert_close(packed.memory, enc.memory[src.ne(PAD)], atol=1e-6, rtol=0)
+    assert packed.packing.cols.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 3, 4]
+
+
+def test_decode_packs_in_teacher_forcing_only() -> None:
+    model = make_model()
+    src = tokens([3, 2], seed=1)
+    enc = model.encode(src)
+    cache = model.init_cache(enc)
+    with pytest.raises(ValueError, match="teacher forcing only"):
+        model.decode(torch.ones(2, 1, dtype=torch.long), enc, cache, pack=True)
+
+
 # ---------------------------------------------------------------- cached decoding
 
 

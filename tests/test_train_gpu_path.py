@@ -14,9 +14,11 @@ import torch
 from transformer_mt.config import Config, ModelConfig, TrainConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
+from transformer_mt.model import packing
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train import build
 from transformer_mt.train.distributed import DistEnv, setup
+from transformer_mt.train.loss import label_smoothed_cross_entropy
 from transformer_mt.train.mfu import device_peak_flops, peak_tflops, throughput_figures
 from transformer_mt.train.prefetch import prefetched
 from transformer_mt.train.schedule import build_optimizer, load_optimizer_state, set_lr
@@ -24,6 +26,7 @@ from transformer_mt.train.step import (
     Stepper,
     TrainError,
     UpdateStats,
+    _compiled,
     accumulate_gradients,
     apply_gradients,
     forward_loss,
@@ -126,6 +129,27 @@ def test_padding_to_a_multiple_changes_shapes_not_the_loss():
         loss_p, nll_p = forward_loss(model, padded, "fp32", 0.1)
     torch.testing.assert_close(loss_p, loss, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(nll_p, nll, rtol=1e-6, atol=1e-5)
+
+
+def test_the_loss_on_a_cpu_runs_the_model_on_the_real_tokens_alone(monkeypatch: pytest.MonkeyPatch):
+    """forward_loss packs on the CPU (`Packing`): the same loss and gradients as the padded batch's, in fp64."""
+    model_cfg = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(model_cfg, 50, PAD).double().eval()
+    batch = _batch([5, 9, 3, 1], vocab=50, seed=1)
+    packed = []
+    original = packing.Packing.of
+    monkeypatch.setattr(packing.Packing, "of", classmethod(lambda cls, mask: packed.append(mask) or original(mask)))
+    loss, nll = forward_loss(model, batch, "fp32", 0.1)
+    assert len(packed) == 2  # the source, then the target
+    logits = model(batch.src, batch.tgt_in).flatten(0, 1)
+    loss_ref, nll_ref = label_smoothed_cross_entropy(logits, batch.tgt_out.reshape(-1), 0.1, PAD)
+    torch.testing.assert_close((loss, nll), (loss_ref, nll_ref), rtol=1e-12, atol=1e-12)
+    params = list(model.parameters())
+    for got, want in zip(torch.autograd.grad(loss, params), torch.autograd.grad(loss_ref, params), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    compiled = torch.compile(model)
+    assert _compiled(compiled) and not _compiled(model)  # a compiled model runs padded: no packing inside a graph
 
 
 def test_padding_never_passes_the_limit_and_multiple_one_is_off():

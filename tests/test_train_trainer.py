@@ -520,7 +520,7 @@ def test_out_of_memory_names_the_batch_and_a_smaller_max_tokens():
             super().__init__()
             self.w = torch.nn.Parameter(torch.zeros(1))
 
-        def forward(self, src, tgt_in):
+        def forward(self, src, tgt_in, pack=False):
             raise torch.OutOfMemoryError("CUDA out of memory")
 
     module = Exploding()

@@ -23,6 +23,10 @@ In beam search the k hypotheses of a sentence sit in k consecutive rows and
 share that sentence's encoder output. `group_queries` puts their queries side
 by side in one row, so that they attend to keys/values held once per sentence
 (broadcast, never copied per beam); `ungroup` undoes it.
+
+Given a `Packing`, the modules take and return the real tokens of a padded
+batch as rows (N, D) (`transformer_mt.model.packing`): the projections run
+on those rows only, and attention on their (B, T) layout.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.model.dropout import dropout as drop
+from transformer_mt.model.packing import Packing
 
 
 def split_heads(x: Tensor, parts: int, heads: int) -> tuple[Tensor, ...]:
@@ -153,10 +158,17 @@ def additive_mask(mask: Tensor | None) -> Tensor | None:
     return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
-def merge_heads(x: Tensor) -> Tensor:
-    """(B, H, T, Dh) -> (B, T, H*Dh)."""
+def merge_heads(x: Tensor, packing: Packing | None = None) -> Tensor:
+    """(B, H, T, Dh) -> (B, T, H*Dh); with a packing, (N, H*Dh) for its real positions."""
+    if packing is not None:
+        return packing.merge_heads(x)
     B, H, T, Dh = x.shape
     return x.transpose(1, 2).reshape(B, T, H * Dh)
+
+
+def laid_out(x: Tensor, packing: Packing | None) -> Tensor:
+    """A projection's output as (B, T, C): x itself, or x (N, C) unpacked by `packing`."""
+    return x if packing is None else packing.unpack(x)
 
 
 class SelfAttention(nn.Module):
@@ -170,16 +182,17 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, heads * (2 * self.d_k + self.d_v))  # W_Q, W_K, W_V stacked
         self.out = nn.Linear(d_model, d_model)  # W_O
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head queries, keys and values of x (B, T, D): (B, H, T, d_k) x2 and (B, H, T, d_v) views."""
-        q, k, v = split_parts(self.qkv(x), self.heads, (self.d_k, self.d_k, self.d_v))
+    def project(self, x: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-head queries, keys and values of x (B, T, D) or packed (N, D): (B, H, T, d_k) x2 and (B, H, T, d_v)."""
+        q, k, v = split_parts(laid_out(self.qkv(x), packing), self.heads, (self.d_k, self.d_k, self.d_v))
         return q, k, v
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False, groups: int = 1,
-        weights: list[Tensor] | None = None,
+        weights: list[Tensor] | None = None, packing: Packing | None = None,
     ) -> Tensor:  # fmt: skip
-        """softmax(Q K^T / sqrt(d_k)) V for all heads, then W_O: (B, H, T, d_k|d_v) x3 -> (B, T, D).
+        """softmax(Q K^T / sqrt(d_k)) V for all heads, then W_O: (B, H, T, d_k|d_v) x3 -> (B, T, D), or (N, D)
+        for the real positions of a packing.
 
         With ``groups`` G > 1, q holds B*G rows and k, v hold B rows: each
         group of G consecutive query rows attends to one row of keys/values.
@@ -191,14 +204,15 @@ class SelfAttention(nn.Module):
         else:
             y, probs = explicit_attention(q, k, v, mask, is_causal, p, groups)
             weights.append(probs)
-        return self.out(merge_heads(y))  # (B*G, T, D)
+        return self.out(merge_heads(y, packing))  # (B*G, T, D) or (N, D)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False, weights: list[Tensor] | None = None
-    ) -> Tensor:
-        """Attention of x (B, T, D) over itself; mask broadcasts to (B, H, T, T)."""
-        q, k, v = self.project(x)
-        return self.attend(q, k, v, mask, is_causal, weights=weights)
+        self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False, weights: list[Tensor] | None = None,
+        packing: Packing | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Attention of x (B, T, D), or packed (N, D), over itself; mask broadcasts to (B, H, T, T)."""
+        q, k, v = self.project(x, packing)
+        return self.attend(q, k, v, mask, is_causal, weights=weights, packing=packing)
 
 
 class CrossAttention(nn.Module):
@@ -213,29 +227,32 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(d_model, heads * (self.d_k + self.d_v))  # W_K, W_V stacked
         self.out = nn.Linear(d_model, d_model)  # W_O
 
-    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-head keys and values of the encoder output (B, S, D): (B, H, S, d_k) and (B, H, S, d_v) views."""
-        k, v = split_parts(self.kv(memory), self.heads, (self.d_k, self.d_v))
+    def project_memory(self, memory: Tensor, packing: Packing | None = None) -> tuple[Tensor, Tensor]:
+        """Per-head keys and values of the encoder output (B, S, D), or packed (N, D) with the source's
+        packing: (B, H, S, d_k) and (B, H, S, d_v)."""
+        k, v = split_parts(laid_out(self.kv(memory), packing), self.heads, (self.d_k, self.d_v))
         return k, v
 
     def forward(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, weights: list[Tensor] | None = None
-    ) -> Tensor:
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, weights: list[Tensor] | None = None,
+        packing: Packing | None = None,
+    ) -> Tensor:  # fmt: skip
         """Attention of x (B*G, T, D) over memory keys/values (B, H, S, d_k|d_v); mask broadcasts to (B, H, G*T, S).
 
         G = x rows per memory row: 1 in training, the beam size in beam search,
         whose k beams of a sentence read its memory once instead of k copies.
         With a ``weights`` list, the explicit path appends the weights (B*G, H, T, S).
+        With the target's ``packing``, x and the result are its real positions (N, D).
         """
-        groups = x.shape[0] // k.shape[0]
-        (q,) = split_heads(self.q(x), 1, self.heads)  # (B*G, H, T, d_k)
+        (q,) = split_heads(laid_out(self.q(x), packing), 1, self.heads)  # (B*G, H, T, d_k)
+        groups = q.shape[0] // k.shape[0]
         p = self.attention_dropout if self.training else 0.0
         if weights is None:
             y = attention(q, k, v, mask, dropout=p, groups=groups)
         else:
             y, probs = explicit_attention(q, k, v, mask, dropout=p, groups=groups)
             weights.append(probs)
-        return self.out(merge_heads(y))  # (B*G, T, D)
+        return self.out(merge_heads(y, packing))  # (B*G, T, D) or (N, D)
 
 
 def head_dims(d_model: int, heads: int, d_k: int = 0) -> tuple[int, int]:

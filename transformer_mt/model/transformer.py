@@ -29,6 +29,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.model.attention import CrossAttention, SelfAttention, additive_mask, head_dims
 from transformer_mt.model.cache import MIN_CAPACITY, DecoderCache, LayerCache, Step
 from transformer_mt.model.dropout import Dropout
+from transformer_mt.model.packing import Packing
 from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 
 
@@ -36,8 +37,9 @@ from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions
 class EncoderOut:
     """What the decoder needs from the encoder."""
 
-    memory: Tensor  # (B, S, D) encoder output
+    memory: Tensor  # (B, S, D) encoder output, or (N, D) for the real source tokens of `packing`
     src_pad_mask: Tensor  # (B, S) bool, True at padding
+    packing: Packing | None = None  # set when `memory` is packed (teacher forcing on the CPU)
 
     def reorder(self, index: Tensor) -> EncoderOut:
         """A new EncoderOut with rows `index` (LongTensor): drop finished sentences, or repeat rows for beams."""
@@ -88,14 +90,18 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, maps: AttentionMaps | None = None) -> Tensor:
-        """x (B, S, D); mask (B, 1, 1, S) True at real keys, or None when nothing is padded.
+    def forward(
+        self, x: Tensor, mask: Tensor | None, maps: AttentionMaps | None = None, packing: Packing | None = None
+    ) -> Tensor:
+        """x (B, S, D), or (N, D) for the real tokens of ``packing``; mask (B, 1, 1, S) True at real keys, or
+        None when nothing is padded.
 
         With ``maps``, the attention weights are computed explicitly and appended to ``maps.encoder``.
         """
         weights = None if maps is None else maps.encoder
-        x = residual(x, self.norm1, lambda h: self.self_attn(h, mask, weights=weights), self.drop, self.pre)
-        return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D)
+        attend = lambda h: self.self_attn(h, mask, weights=weights, packing=packing)  # noqa: E731
+        x = residual(x, self.norm1, attend, self.drop, self.pre)
+        return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D) or (N, D)
 
 
 class DecoderLayer(nn.Module):
@@ -121,28 +127,34 @@ class DecoderLayer(nn.Module):
         cache: LayerCache | None = None,
         step: Step | None = None,
         maps: AttentionMaps | None = None,
+        packing: Packing | None = None,
     ) -> Tensor:
         """x (B*G, T, D) new target positions; cross_k/v (B, H, S, d_k|d_v); cross_mask (B, 1, 1, S) or None.
 
         G = x rows per cross-attention row (the beams of a sentence; 1 without
         a cache). With a cache, `step` says where the new positions go. With
         ``maps``, both attentions' weights are computed explicitly and appended.
+        With the target's ``packing`` (teacher forcing), x is (N, D), its real positions.
         """
         mine, cross = (None, None) if maps is None else (maps.decoder, maps.cross)
-        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step, mine), self.drop, self.pre)
-        x = residual(
-            x, self.norm2, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask, cross), self.drop, self.pre
-        )
-        return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D)
+        x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step, mine, packing), self.drop, self.pre)
+        attend = lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask, cross, packing)  # noqa: E731
+        x = residual(x, self.norm2, attend, self.drop, self.pre)
+        return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D) or (N, D)
 
     def _self_attend(
-        self, h: Tensor, cache: LayerCache | None, step: Step | None, weights: list[Tensor] | None
+        self,
+        h: Tensor,
+        cache: LayerCache | None,
+        step: Step | None,
+        weights: list[Tensor] | None,
+        packing: Packing | None = None,
     ) -> Tensor:
         """Causal self-attention; with a cache, h holds only new positions and their K/V are added to it."""
-        q, k, v = self.self_attn.project(h)  # (B, H, T, d_k|d_v) each
+        q, k, v = self.self_attn.project(h, packing)  # (B, H, T, d_k|d_v) each
         if cache is None or step is None:
             # Right padding: a real query only ever sees earlier, real keys, so the causal mask suffices.
-            return self.self_attn.attend(q, k, v, is_causal=True, weights=weights)
+            return self.self_attn.attend(q, k, v, is_causal=True, weights=weights, packing=packing)
         keys, values = cache.append(k, v, step)  # (n, H, (past+T)*k, d_k|d_v), n = B / k sentences
         return self.self_attn.attend(q, keys, values, mask=step.mask, groups=step.beams, weights=weights)
 
@@ -222,24 +234,30 @@ class Transformer(nn.Module):
                 with torch.no_grad():
                     m.weight[self.pad_id].zero_()
 
-    def _embed(self, table: nn.Embedding, tokens: Tensor, offset: int) -> Tensor:
-        """Dropout(sqrt(d_model) * E[tokens] + PE[offset:offset+T]): (B, T) -> (B, T, D)."""
-        x = table(tokens) * self.embed_scale  # (B, T, D)
-        return self.drop(x + self.positions(tokens.shape[1], offset))
+    def _embed(self, table: nn.Embedding, tokens: Tensor, offset: int, packing: Packing | None = None) -> Tensor:
+        """Dropout(sqrt(d_model) * E[tokens] + PE[offset:offset+T]): (B, T) -> (B, T, D), or (N, D) for the
+        real tokens of ``packing``."""
+        positions = self.positions(tokens.shape[1], offset)  # (T, D)
+        if packing is not None:
+            tokens, positions = packing.pack(tokens), positions.index_select(0, packing.cols)
+        x = table(tokens) * self.embed_scale  # (B, T, D) or (N, D)
+        return self.drop(x + positions)
 
-    def encode(self, src: Tensor, maps: AttentionMaps | None = None) -> EncoderOut:
+    def encode(self, src: Tensor, maps: AttentionMaps | None = None, pack: bool = False) -> EncoderOut:
         """src (B, S) token ids, right-padded -> EncoderOut(memory (B, S, D), src_pad_mask (B, S)).
 
         With ``maps``, each layer's attention weights are appended to ``maps.encoder`` (see `forward_with_attention`).
+        With ``pack``, the layers run on the real tokens alone and memory is (N, D) (`Packing`).
         """
         src_pad_mask = src.eq(self.pad_id)  # (B, S)
-        x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0)
+        packing = Packing.of(src_pad_mask) if pack else None
+        x = self._embed(self.embed if self.src_embed is None else self.src_embed, src, 0, packing)
         mask = padding_mask_or_none(src_pad_mask, self.training)
         for layer in self.encoder:
-            x = layer(x, mask, maps)
+            x = layer(x, mask, maps, packing)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return EncoderOut(x, src_pad_mask)
+        return EncoderOut(x, src_pad_mask, packing)
 
     def init_cache(self, enc: EncoderOut, beams: int = 1, capacity: int = MIN_CAPACITY) -> DecoderCache:
         """An empty cache for ``beams`` hypotheses per sentence of `enc`, holding each layer's cross-attention
@@ -258,9 +276,15 @@ class Transformer(nn.Module):
         return DecoderCache(layers, cross_mask, beams, ancestry, capacity)
 
     def decode(
-        self, tgt_in: Tensor, enc: EncoderOut, cache: DecoderCache | None = None, maps: AttentionMaps | None = None
+        self,
+        tgt_in: Tensor,
+        enc: EncoderOut,
+        cache: DecoderCache | None = None,
+        maps: AttentionMaps | None = None,
+        pack: bool = False,
     ) -> Tensor:
-        """Logits (B, T, V) of the next token at each position of tgt_in (B, T).
+        """Logits (B, T, V) of the next token at each position of tgt_in (B, T); with ``pack`` (teacher forcing
+        only), (N, V) for its N real positions in row-major order, computed on those alone (`Packing`).
 
         Without a cache, tgt_in is the whole shifted-right target (teacher
         forcing). With one, tgt_in holds only the new positions (usually one),
@@ -269,17 +293,20 @@ class Transformer(nn.Module):
         ``maps``, the attention weights are appended to ``maps.decoder`` and ``maps.cross``.
         """
         offset = 0 if cache is None else cache.length
+        if pack and cache is not None:
+            raise ValueError("decode packs the target in teacher forcing only, not with a cache")
         if cache is not None and cache.rows != tgt_in.shape[0]:
             raise ValueError(
                 f"decode got {tgt_in.shape[0]} target rows but the cache holds {cache.rows} "
                 f"({cache.rows // cache.beams} sentences x {cache.beams} beams); pass one row per cache row"
             )
-        x = self._embed(self.embed, tgt_in, offset)  # (B, T, D)
+        packing = Packing.of(tgt_in.eq(self.pad_id)) if pack else None
+        x = self._embed(self.embed, tgt_in, offset, packing)  # (B, T, D) or (N, D)
         if cache is None:
             cross_mask = padding_mask_or_none(enc.src_pad_mask, self.training)
             for layer in self.decoder:
-                k, v = layer.cross_attn.project_memory(enc.memory)
-                x = layer(x, k, v, cross_mask, None, maps=maps)
+                k, v = layer.cross_attn.project_memory(enc.memory, enc.packing)
+                x = layer(x, k, v, cross_mask, None, maps=maps, packing=packing)
         else:
             step = cache.step(tgt_in.shape[1])
             for layer, lc in zip(self.decoder, cache.layers, strict=True):
@@ -291,9 +318,14 @@ class Transformer(nn.Module):
             return self.output_projection(x)  # (B, T, V), the same projection as a layer of its own (int8)
         return F.linear(x, self.embed.weight)  # (B, T, V), tied pre-softmax projection
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for src (B, S) and tgt_in (B, T)."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, pack: bool = False) -> Tensor:
+        """Teacher-forced logits (B, T, V) for src (B, S) and tgt_in (B, T).
+
+        With ``pack``, (N, V) for the N real (non-padding) positions of tgt_in in
+        row-major order, which is ``logits[tgt_in != pad]``: the layers then run
+        on the real tokens alone (`Packing`), as training on the CPU does.
+        """
+        return self.decode(tgt_in, self.encode(src, pack=pack), pack=pack)
 
     def forward_with_attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """`forward`'s logits and every layer's attention weights, computed explicitly (for drawing them).
