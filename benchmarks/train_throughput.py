@@ -53,11 +53,11 @@ from transformer_mt.data.batching import batch_by_size, ordered_indices, shuffle
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch, pad_to_multiple
 from transformer_mt.malloc import keep_freed_memory
-from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
+from transformer_mt.model.transformer import count_parameters, flops_per_token
+from transformer_mt.train.build import build_stepper
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.mfu import peak_tflops
-from transformer_mt.train.schedule import build_optimizer
-from transformer_mt.train.step import Stepper, accumulate_gradients, apply_gradients, autocast, resolve_precision
+from transformer_mt.train.step import accumulate_gradients, apply_gradients, autocast, resolve_precision
 
 LENGTHS = (10, 40)  # tokens per sentence on each side, before EOS/BOS
 
@@ -179,14 +179,10 @@ def _measure(
     limit = cfg.model.max_positions
     batches = [pad_to_multiple(b, cfg.train.pad_to_multiple, limit).to(device) for b in batches]
     torch.manual_seed(seed)
-    if impl == "tmt":
-        module = Transformer(cfg.model, vocab, PAD).to(device)
-        model = torch.compile(module) if cfg.train.compile else module
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        env = DistEnv(0, 1, 0, device, True)
-        opt = build_optimizer(module.parameters(), cfg.train)
-        step = Stepper(model, module, opt, scaler, env, precision, cfg.train.label_smoothing, cfg.train.clip_norm,
-                       defer_sync=bool(opt.defaults.get("fused")) and device.type == "cuda")  # fmt: skip
+    if impl == "tmt":  # the trainer's own model, optimizer and step (train/build.py)
+        step = build_stepper(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed)),
+                             DistEnv(0, 1, 0, device, True), vocab)  # fmt: skip
+        module = step.module
 
         def update(batch: Batch) -> None:
             apply_gradients(step, accumulate_gradients(step, [batch]), lr=1e-4)

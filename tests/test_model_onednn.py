@@ -1,4 +1,5 @@
-"""fp32 CPU decoding through oneDNN's Linear: the same outputs as nn.Linear to fp32 rounding, on the same weights."""
+"""oneDNN's Linear on the CPU: fp32 decoding (the same outputs as nn.Linear to fp32 rounding) and bf16 training
+(autocast's outputs and gradients), on the same weights."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_decode_translate import write_checkpoint
 from torch import nn
 
@@ -101,3 +103,48 @@ def test_only_x86_64_machines_take_the_onednn_layers(monkeypatch: pytest.MonkeyP
     assert not onednn_available()
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     assert onednn_available()
+
+
+@pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, False)])
+def test_bf16_training_linear_is_autocasts_linear_with_its_gradients(bias: bool, relu: bool) -> None:
+    """Under bf16 autocast with gradients, one oneDNN call (bias and ReLU fused) and addmm's backward: the
+    output and every gradient as autocast's F.linear (+ ReLU) computes them, in the same dtypes."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=bias)
+    fast = OneDnnLinear(linear.weight, linear.bias, relu=relu)
+    x = torch.randn(3, 7, 64, requires_grad=True)
+    grad_out = torch.randn(3, 7, 96)
+    results = []
+    for layer in (fast, lambda h: F.relu(linear(h)) if relu else linear(h)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        params = [x, linear.weight] + ([linear.bias] if bias else [])
+        results.append((y, *torch.autograd.grad(y, params, grad_out.to(y.dtype))))
+    (y, *grads), (y_ref, *grads_ref) = results
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y, y_ref, atol=2e-2, rtol=2e-2)
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert g.dtype == g_ref.dtype == torch.float32
+        torch.testing.assert_close(g, g_ref, atol=5e-2, rtol=2e-2)
+    if relu:
+        assert (y == 0).any()  # the ReLU really clipped something
+
+
+def test_training_model_keeps_its_tied_projection_and_moves_each_relu_into_its_layer() -> None:
+    model = use_onednn_linears(make_model().train(), output_projection=False)
+    assert model.output_projection is None  # logits = x E^T with the embedding's own gradient
+    ffn = model.encoder[0].ffn
+    assert isinstance(ffn.fc1, OneDnnLinear) and ffn.fc1.relu and isinstance(ffn.relu, nn.Identity)
+    assert isinstance(ffn.fc2, OneDnnLinear) and not ffn.fc2.relu
+    src = torch.randint(4, V, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(src, src).float().sum().backward()
+    assert model.embed.weight.grad is not None and model.encoder[0].ffn.fc1.weight.grad.abs().sum() > 0
+
+
+def test_the_trainer_builds_its_cpu_model_with_onednn_linears(prepared_toy: Config) -> None:
+    from transformer_mt.train.build import build_stepper
+    from transformer_mt.train.distributed import DistEnv
+
+    step = build_stepper(prepared_toy, DistEnv(0, 1, 0, torch.device("cpu"), True), 300)
+    assert isinstance(step.module.decoder[0].ffn.fc1, OneDnnLinear) and step.module.output_projection is None

@@ -71,11 +71,12 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
+        self.relu: nn.Module = nn.ReLU()  # `use_onednn_linears` moves it into fc1's oneDNN call (an Identity here)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.drop = Dropout(activation_dropout)  # deviation; p=0 by default
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.drop(F.relu(self.fc1(x))))  # (B, T, D)
+        return self.fc2(self.drop(self.relu(self.fc1(x))))  # (B, T, D)
 
 
 class EncoderLayer(nn.Module):

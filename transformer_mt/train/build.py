@@ -20,6 +20,7 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import too_long
 from transformer_mt.data.bpe import PAD, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.run_files import batching_key, dropout_seed
@@ -98,6 +99,8 @@ def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:
     precision = resolve_precision(tc.precision, env.device)
     torch.manual_seed(tc.seed)  # identical initial weights on every rank
     module = Transformer(cfg.model, vocab_size, pad_id=PAD).to(env.device)
+    if not tc.compile:  # on the CPU: bf16 training and fp32 validation decoding through oneDNN (model/onednn.py)
+        use_onednn_linears(module, output_projection=False)
     torch.manual_seed(dropout_seed(tc.seed, env.rank))
     optimizer = build_optimizer(module.parameters(), tc)
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
