@@ -55,9 +55,7 @@ class OneDnnLinear(nn.Module):
     no gradient reaches a buffer).
     """
 
-    def __init__(
-        self, weight: nn.Parameter, bias: nn.Parameter | None, tied: bool = False, relu: bool = False
-    ) -> None:
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, tied: bool = False, relu: bool = False) -> None:
         super().__init__()
         if tied:
             self.register_buffer("weight", weight.detach(), persistent=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +101,7 @@ class EncoderLayer(nn.Module):
         With ``maps``, the attention weights are computed explicitly and appended to ``maps.encoder``.
         """
         weights = None if maps is None else maps.encoder
-        attend = lambda h: self.self_attn(h, mask, weights=weights, packing=packing)  # noqa: E731
+        attend = partial(self.self_attn, mask=mask, weights=weights, packing=packing)
         x = residual(x, self.norm1, attend, self.drop, self.pre)
         return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D) or (N, D)
 
@@ -139,7 +140,7 @@ class DecoderLayer(nn.Module):
         """
         mine, cross = (None, None) if maps is None else (maps.decoder, maps.cross)
         x = residual(x, self.norm1, lambda h: self._self_attend(h, cache, step, mine, packing), self.drop, self.pre)
-        attend = lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask, cross, packing)  # noqa: E731
+        attend = partial(self.cross_attn, k=cross_k, v=cross_v, mask=cross_mask, weights=cross, packing=packing)
         x = residual(x, self.norm2, attend, self.drop, self.pre)
         return residual(x, self.norm3, self.ffn, self.drop, self.pre)  # (B, T, D) or (N, D)
 

@@ -118,9 +118,10 @@ def forward_loss(
     with autocast(batch.src.device, precision):
         logits = model(batch.src, batch.tgt_in, pack=pack)  # (N, V) packed, else (B, T, V)
     if pack:
-        target = batch.tgt_out[batch.tgt_in.ne(PAD)]  # the same positions as the packed logits
-        return label_smoothed_cross_entropy(logits, target, label_smoothing, PAD)
-    return label_smoothed_cross_entropy(logits.flatten(0, 1), batch.tgt_out.reshape(-1), label_smoothing, PAD)
+        target = batch.tgt_out[batch.tgt_in.ne(PAD)]  # the targets at the packed logits' positions
+    else:
+        logits, target = logits.flatten(0, 1), batch.tgt_out.reshape(-1)
+    return label_smoothed_cross_entropy(logits, target, label_smoothing, PAD)
 
 
 def _compiled(model: nn.Module) -> bool:
