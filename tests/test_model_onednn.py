@@ -15,7 +15,7 @@ from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import PAD
 from transformer_mt.decode.search import beam_search
 from transformer_mt.decode.translate import Translator
-from transformer_mt.model.onednn import OneDnnLinear, onednn_available, use_onednn_linears
+from transformer_mt.model.onednn import OneDnnLinear, onednn_available, onednn_bf16, use_onednn_linears
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = [
@@ -105,10 +105,17 @@ def test_only_x86_64_machines_take_the_onednn_layers(monkeypatch: pytest.MonkeyP
     assert onednn_available()
 
 
+@pytest.mark.parametrize("onednn_has_bf16", [True, False])
 @pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, False)])
-def test_bf16_training_linear_is_autocasts_linear_with_its_gradients(bias: bool, relu: bool) -> None:
+def test_bf16_training_linear_is_autocasts_linear_with_its_gradients(
+    bias: bool, relu: bool, onednn_has_bf16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under bf16 autocast with gradients, one oneDNN call (bias and ReLU fused) and addmm's backward: the
-    output and every gradient as autocast's F.linear (+ ReLU) computes them, in the same dtypes."""
+    output and every gradient as autocast's F.linear (+ ReLU) computes them, in the same dtypes. Where oneDNN
+    has no bf16 kernels (AVX2-only CPUs, where it cannot build the primitive) the layer takes F.linear."""
+    if onednn_has_bf16 and not onednn_bf16():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU (needs AVX-512 or AMX)")
+    monkeypatch.setattr("transformer_mt.model.onednn.onednn_bf16", lambda: onednn_has_bf16)
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=bias)
     fast = OneDnnLinear(linear.weight, linear.bias, relu=relu)
@@ -121,6 +128,7 @@ def test_bf16_training_linear_is_autocasts_linear_with_its_gradients(bias: bool,
         params = [x, linear.weight] + ([linear.bias] if bias else [])
         results.append((y, *torch.autograd.grad(y, params, grad_out.to(y.dtype))))
     (y, *grads), (y_ref, *grads_ref) = results
+    assert ("_Bf16Linear" in type(y.grad_fn).__name__) == onednn_has_bf16  # which path ran
     assert y.dtype == y_ref.dtype == torch.bfloat16
     torch.testing.assert_close(y, y_ref, atol=2e-2, rtol=2e-2)
     for g, g_ref in zip(grads, grads_ref, strict=True):

@@ -23,11 +23,14 @@ runs the ReLU as a pass of its own; the backward is autograd's for ``addmm``
 same up to the order of sums: a base-shape update about 2% faster.
 
 CUDA, int8 (`decode.quantize`), machines other than x86-64 and PyTorch builds
-without oneDNN keep `nn.Linear`.
+without oneDNN keep `nn.Linear`. oneDNN's bf16 kernels need AVX-512 (or AMX);
+on a CPU without them (an AVX2-only core) bf16 training takes autocast's
+`F.linear` inside the same layer (`onednn_bf16`).
 """
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import torch
@@ -46,9 +49,17 @@ def onednn_available() -> bool:
     return x86 and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def onednn_bf16() -> bool:
+    """Whether oneDNN can multiply bf16 matrices on this CPU (AVX-512 or AMX; not on AVX2-only cores, where it
+    cannot even build the primitive). A fact of the machine, so asked once."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return onednn_available() and supported is not None and bool(supported())
+
+
 class OneDnnLinear(nn.Module):
     """``x W^T + b`` (then a ReLU with ``relu``) by oneDNN on the CPU: fp32 without gradients, or under bf16
-    autocast with them (`_Bf16Linear`); `F.linear` otherwise (same parameters).
+    autocast with them where oneDNN has bf16 kernels (`_Bf16Linear`); `F.linear` otherwise (same parameters).
 
     ``tied``: the weight belongs to another module (the embedding of the output projection); it is held as a
     buffer outside the state dict, so that the model's state dict keeps exactly its keys (for decoding only:
@@ -66,7 +77,7 @@ class OneDnnLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if x.device.type == "cpu" and needs_grad and _bf16_autocast():
+        if x.device.type == "cpu" and needs_grad and _bf16_autocast() and onednn_bf16():
             bias = None if self.bias is None else self.bias.to(torch.bfloat16)
             return _Bf16Linear.apply(x.to(torch.bfloat16), self.weight.to(torch.bfloat16), bias, self.relu)
         if needs_grad or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
