@@ -392,6 +392,17 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
     assert result.warnings == tuple(w["message"] for w in warnings)
 
 
+@pytest.mark.parametrize("has_bf16", [False, True])
+def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, capsys, monkeypatch, has_bf16):
+    """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
+    monkeypatch.setattr("transformer_mt.train.trainer.cpu_has_bf16", lambda: has_bf16)
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
+    warned = [m for m in _metrics(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
+    assert len(warned) == (0 if has_bf16 else 1)
+    assert ("without bf16 instructions (AVX512-BF16 or AMX)" in capsys.readouterr().err) == (not has_bf16)
+
+
 def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp_path):
     """A budgeted run always leaves a fraction's warmup (the floor takes at most half the budget); one stopped
     early, here before its first update, is warned with both keys named."""

@@ -56,7 +56,7 @@ from transformer_mt.train.run_files import (
 )
 from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule, horizon_progress, load_optimizer_state
-from transformer_mt.train.step import TrainError, UpdateStats, accumulate_gradients, apply_gradients
+from transformer_mt.train.step import TrainError, UpdateStats, accumulate_gradients, apply_gradients, cpu_has_bf16
 from transformer_mt.train.validation import ValidBleu, unconverged, validate
 
 MIN_FP16_SCALE = 1e-4  # below this loss scale fp16 training has diverged (fairseq's min_loss_scale)
@@ -301,6 +301,11 @@ class Trainer:
             self.cfg, env, self.progress.update, count_parameters(self.stepper.module), self.data.vocab_size,
             (float(ds.src_lens.mean()), float(ds.tgt_lens.mean())), self.stepper.precision,
         ))  # fmt: skip
+        if self.stepper.precision == "bf16" and env.device.type == "cpu" and not cpu_has_bf16():
+            self._warn("emulated_bf16", (
+                "train.precision=bf16 on a CPU without bf16 instructions (AVX512-BF16 or AMX): PyTorch emulates bf16 "
+                "here, several times slower than fp32; train.precision=auto trains in fp32 on this CPU"
+            ))  # fmt: skip
 
     # -- checkpoints
 
