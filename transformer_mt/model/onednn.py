@@ -7,7 +7,10 @@ AMD EPYC with AVX-512), where oneDNN, the library PyTorch already uses for
 bf16 matmuls, reaches 230-257 GFLOP/s in fp32 on the same shapes. PyTorch
 exposes oneDNN's linear as ``torch.ops.mkldnn._linear_pointwise`` (the op
 its compiler's CPU inference path emits), without a backward; it adds the
-bias and can apply the ReLU in the same call.
+bias and can apply the ReLU in the same call. Where MKL runs its best code
+anyway (an Intel AVX-512 core, an AVX2-only core) the two libraries are within
+about 6% of each other on these shapes (oneDNN the slower on an AVX-512
+Xeon), so there the swap gains little or nothing (benchmarks/README.md).
 
 So a model loaded for decoding on the CPU in fp32 has its Linear layers, and
 the tied output projection, replaced by `OneDnnLinear`s over the same
