@@ -248,12 +248,15 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
 
 
 def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
-    """Rows at their maximum length (at_max (n*k,) bool) may only end: every token but EOS gets -inf."""
+    """``lprobs`` (R, V), in place: rows at their maximum length (at_max (R,) bool) may only end, every token
+    but EOS gets -inf. Only those rows are written (no (R, V) copies at the steps where some row ends)."""
     if not bool(at_max.any()):
         return lprobs
-    only_eos = torch.full_like(lprobs, NEG_INF)
-    only_eos[:, EOS] = lprobs[:, EOS]
-    return torch.where(at_max[:, None], only_eos, lprobs)
+    rows = at_max.nonzero().squeeze(1)
+    eos = lprobs[rows, EOS]  # (r,), a copy
+    lprobs.index_fill_(0, rows, NEG_INF)
+    lprobs[rows, EOS] = eos
+    return lprobs
 
 
 def _top_candidates(scores: Tensor, lprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
