@@ -11,7 +11,8 @@ model FLOPs/s (`flops_per_token`), MFU against the device's bf16 dense peak on
 a GPU, and peak memory (RSS on CPU, max_memory_allocated on GPU).
 
 The peers, each at the precisions given by --peers (default fp32 and bf16,
-so that the best of each is compared): the model as most PyTorch users would
+so that the best of each is compared; fp32 alone on a CPU without bf16
+instructions, where PyTorch emulates bf16 several times slower than fp32): the model as most PyTorch users would
 write it, torch.nn.Transformer (post-norm, batch_first), one embedding
 shared by source, target and output projection, sinusoidal positions; and
 Hugging Face's MarianMTModel of the same shape (``marian``, needs the
@@ -57,7 +58,7 @@ from transformer_mt.model.transformer import count_parameters, flops_per_token
 from transformer_mt.train.build import build_stepper
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.mfu import peak_tflops
-from transformer_mt.train.step import accumulate_gradients, apply_gradients, autocast, resolve_precision
+from transformer_mt.train.step import accumulate_gradients, apply_gradients, autocast, cpu_has_bf16, resolve_precision
 
 LENGTHS = (10, 40)  # tokens per sentence on each side, before EOS/BOS
 
@@ -305,6 +306,17 @@ def best_peer(results: dict[str, dict[str, Any]]) -> str:
     return max((name for name in results if name != "tmt"), key=lambda name: results[name]["tgt_tokens_per_s"])
 
 
+ALL_PEERS = "torch:fp32,torch:bf16,marian:fp32,marian:bf16"
+
+
+def default_peers(device: torch.device) -> str:
+    """Every peer in fp32 and bf16; on a CPU without bf16 instructions the fp32 ones (emulated bf16 is no peer's
+    best, and would take most of the benchmark's time)."""
+    if device.type == "cpu" and not cpu_has_bf16():
+        return ",".join(p for p in ALL_PEERS.split(",") if p.endswith(":fp32"))
+    return ALL_PEERS
+
+
 def parse_peers(spec: str) -> list[tuple[str, str]]:
     """``torch:fp32,marian:bf16`` -> [("torch", "fp32"), ("marian", "bf16")]; an empty string: no peer."""
     peers = []
@@ -325,13 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of tmt + peers; medians are reported")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--peers", default="torch:fp32,torch:bf16,marian:fp32,marian:bf16",
-                        help="IMPL:PRECISION,... with IMPL torch or marian (default: both, fp32 and bf16)")  # fmt: skip
+    parser.add_argument("--peers", help="IMPL:PRECISION,... with IMPL torch or marian (default: both, fp32 and bf16; "
+                        "fp32 only on a CPU without bf16 instructions)")  # fmt: skip
     parser.add_argument("--impl", choices=["both", "tmt"], default="both", help="tmt: measure tmt alone, no peer")
     parser.add_argument("--max-seconds", type=float, default=0.0, help="end the timed updates after this (0: never)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    if args.peers is None:
+        args.peers = default_peers(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        print(f"peers: {args.peers}", file=sys.stderr)
     peers = [] if args.impl == "tmt" else parse_peers(args.peers)
     plan = [("tmt", "tmt", cfg.to_dict())]
     for impl, precision in peers:

@@ -43,6 +43,16 @@ def test_one_tiny_measurement(impl):
     assert result["peak_memory_bytes"] > 0 and result["tgt_tokens_per_update"] > 50
 
 
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_default_peers_leave_out_emulated_bf16(monkeypatch, has_bf16):
+    """bf16 peers on a CPU that emulates bf16 would only be slow; on a GPU both precisions are measured."""
+    monkeypatch.setattr(bench, "cpu_has_bf16", lambda: has_bf16)
+    cpu = bench.parse_peers(bench.default_peers(torch.device("cpu")))
+    assert [p for _, p in cpu] == (["fp32", "bf16", "fp32", "bf16"] if has_bf16 else ["fp32", "fp32"])
+    assert {i for i, _ in cpu} == {"torch", "marian"}
+    assert len(bench.parse_peers(bench.default_peers(torch.device("cuda")))) == 4
+
+
 def test_peers_parse_and_the_ratio_is_to_the_fastest():
     assert bench.parse_peers("torch:fp32,marian:bf16") == [("torch", "fp32"), ("marian", "bf16")]
     assert bench.parse_peers("") == []
