@@ -12,11 +12,12 @@ a GPU, and peak memory (RSS on CPU, max_memory_allocated on GPU).
 
 The peers, each at the precisions given by --peers (default fp32 and bf16,
 so that the best of each is compared; fp32 alone on a CPU without bf16
-instructions, where PyTorch emulates bf16 several times slower than fp32): the model as most PyTorch users would
-write it, torch.nn.Transformer (post-norm, batch_first), one embedding
-shared by source, target and output projection, sinusoidal positions; and
-Hugging Face's MarianMTModel of the same shape (``marian``, needs the
-``bench`` extra), the implementation behind HF's translation models. Both
+instructions, where PyTorch emulates bf16 several times slower than fp32):
+the model as most PyTorch users would write it, torch.nn.Transformer
+(post-norm, batch_first), one embedding shared by source, target and output
+projection, sinusoidal positions; and Hugging Face's MarianMTModel of the
+same shape (``marian``, needs the ``bench`` extra), the implementation
+behind HF's translation models. Both
 take F.cross_entropy(label_smoothing=...) and torch.optim.Adam. Each
 implementation runs in its own process (so peak memory is its own), taking
 turns for --repeats rounds; the medians and the ratio of tmt to the best
