@@ -172,10 +172,14 @@ def test_a_full_disk_when_the_run_starts(prepared_toy: Config, tmp_path: Path) -
 
 
 def test_ctrl_c_in_interactive_translation_exits_130_quietly(ckpt: Path) -> None:
-    """The translation of each line is out before Ctrl-C; then no traceback, the shell's status for SIGINT."""
+    """The translation of each line is out before Ctrl-C; then no traceback, the shell's status for SIGINT.
+
+    The child gets SIGINT's default disposition, as a command at a terminal has: a test run started in the
+    background of a non-interactive shell inherits SIGINT ignored, and the child would then never see it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "translate", "-c", str(ckpt), "--buffer-lines", "1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         proc.stdin.write(b"The old man sees the red car.\n")
