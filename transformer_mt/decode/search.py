@@ -320,11 +320,12 @@ def _collect_finished(
     if not bool(is_eos.any()):
         return
     penalty = float(length_penalty(float(step + 1), alpha, form))
-    for i, j in is_eos.nonzero().tolist():
-        row = i * k + int(cand_beam[i, j])
-        log_prob = float(cand_scores[i, j])
-        tokens = beams.tokens[row, 1:].tolist()
-        finished.add(int(beams.sent[i]), Hypothesis(tokens, log_prob / penalty, log_prob))
+    i, j = is_eos.nonzero().unbind(1)  # (f,) each: sentence position and rank of every finished candidate
+    rows = i * k + cand_beam[i, j]  # (f,) the beam row each one extends
+    # the candidates' data to Python in one conversion each, not a few tensor reads per hypothesis
+    sentences, log_probs = beams.sent[i].tolist(), cand_scores[i, j].tolist()
+    for sentence, log_prob, tokens in zip(sentences, log_probs, beams.tokens[rows, 1:].tolist(), strict=True):
+        finished.add(sentence, Hypothesis(tokens, log_prob / penalty, log_prob))
 
 
 def _select_live(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
