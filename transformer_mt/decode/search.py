@@ -250,9 +250,9 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
 def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
     """``lprobs`` (R, V), in place: rows at their maximum length (at_max (R,) bool) may only end, every token
     but EOS gets -inf. Only those rows are written (no (R, V) copies at the steps where some row ends)."""
-    if not bool(at_max.any()):
-        return lprobs
     rows = at_max.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return lprobs
     eos = lprobs[rows, EOS]  # (r,), a copy
     lprobs.index_fill_(0, rows, NEG_INF)
     lprobs[rows, EOS] = eos
@@ -317,10 +317,11 @@ def _collect_finished(
     """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included."""
     k = beams.scores.shape[1]
     is_eos = (cand_token[:, :k] == EOS) & torch.isfinite(cand_scores[:, :k])  # (n, k)
-    if not bool(is_eos.any()):
+    found = is_eos.nonzero()  # (f, 2): sentence position and rank of every finished candidate
+    if found.numel() == 0:
         return
     penalty = float(length_penalty(float(step + 1), alpha, form))
-    i, j = is_eos.nonzero().unbind(1)  # (f,) each: sentence position and rank of every finished candidate
+    i, j = found.unbind(1)
     rows = i * k + cand_beam[i, j]  # (f,) the beam row each one extends
     # the candidates' data to Python in one conversion each, not a few tensor reads per hypothesis
     sentences, log_probs = beams.sent[i].tolist(), cand_scores[i, j].tolist()
