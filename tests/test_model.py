@@ -770,7 +770,7 @@ def test_gpu_flash_attention_runs_on_a_batch_without_padding() -> None:
 
 
 def _uniform_bound(t: torch.Tensor) -> float:
-    return float(t.abs().max())
+    return float(t.detach().abs().max())
 
 
 def test_fairseq_init_scales_each_projection_as_fairseq_does() -> None:
