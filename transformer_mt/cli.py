@@ -85,8 +85,9 @@ QuantizeOpt = Annotated[
     Quantize | None,
     typer.Option(
         "--quantize",
-        help="int8: dynamic int8 Linear layers, CPU only, about twice as fast; a deviation from the paper's fp32 "
-        "model (BLEU change: benchmarks/README.md). Sets decode.quantize (default: the checkpoint's, none).",
+        help="int8: int8 Linear layers (each input row scaled on its own), CPU only, about twice as fast; a "
+        "deviation from the paper's fp32 model (BLEU change: benchmarks/README.md). Sets decode.quantize "
+        "(default: the checkpoint's, none).",
     ),
 ]
 

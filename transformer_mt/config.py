@@ -148,7 +148,7 @@ class DecodeConfig:
     batch_tokens: int = 8000  # source tokens per translation batch
     nbest: int = 1
     no_repeat_ngram: int = 0  # deviation: a hypothesis may not repeat any n-gram of this size (fairseq's); 0: off
-    quantize: Literal["none", "int8"] = "none"  # deviation: int8 dynamic quantization of the Linear layers (CPU only)
+    quantize: Literal["none", "int8"] = "none"  # deviation: int8 Linear layers, a scale per input row (CPU only)
     # exact: a sentence ends when no live hypothesis can still win (the paper's tensor2tensor); deviation
     # k_finished: it ends once k hypotheses have finished (fairseq's and CTranslate2's rule, fewer steps)
     stopping: Literal["exact", "k_finished"] = "exact"
