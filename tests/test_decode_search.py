@@ -58,9 +58,13 @@ class FakeCache:
     def length(self) -> int:
         return self.prefix.shape[1]
 
-    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> FakeCache:
+    def reorder(
+        self, index: torch.Tensor, sentences: torch.Tensor | None = None, beams: int | None = None
+    ) -> FakeCache:
         kept = torch.arange(self.sent.shape[0]) if sentences is None else sentences
-        assert torch.equal(index // self.beams, kept.repeat_interleave(self.beams)), "a beam left its sentence"
+        wider = self.beams if beams is None else beams
+        assert torch.equal(index // self.beams, kept.repeat_interleave(wider)), "a beam left its sentence"
+        self.beams = wider
         self.prefix = self.prefix.index_select(0, index)
         if sentences is not None:
             self.sent = self.sent.index_select(0, sentences)

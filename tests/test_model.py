@@ -439,6 +439,35 @@ def test_beam_reorder_that_drops_a_sentence_equals_full_forward() -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+def test_widening_a_one_beam_cache_to_k_beams_equals_full_forward_of_each_history() -> None:
+    """Beam search decodes its first step with one row per sentence, then ``reorder(..., beams=k)`` gives each
+    sentence k beams that continue that row; each then attends to exactly its own history."""
+    model = make_model()
+    src, tgt = tokens([7, 3], seed=1), tokens([6] * 6, seed=2)
+    tgt[:3, 0], tgt[3:, 0] = tgt[0, 0], tgt[3, 0]  # the 3 beams of a sentence share its first position
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.init_cache(enc, beams=1, capacity=8)
+        steps = [model.decode(tgt[[0, 3], :1], enc, cache).repeat_interleave(3, dim=0)]
+        cache.reorder(torch.tensor([0, 0, 0, 1, 1, 1]), beams=3)
+        layer = cache.layers[0]
+        assert cache.beams == 3 and layer.self_k.shape == (2, 4, 8, 3, 8)
+        assert layer.self_k[:, :, 0, 1:].eq(0).all()  # the new slots of the cached position: zeros, not stale memory
+        for t in range(1, tgt.shape[1]):
+            steps.append(model.decode(tgt[:, t : t + 1], enc, cache))
+        expected = model(src.repeat_interleave(3, dim=0), tgt)
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=0)
+
+
+def test_beam_reorder_refuses_fewer_beams() -> None:
+    model = make_model()
+    with torch.no_grad():
+        enc = model.encode(tokens([7, 3], seed=1))
+        cache = model.init_cache(enc, beams=2)
+        with pytest.raises(ValueError, match="more beams, not fewer: 2 -> 1"):
+            cache.reorder(torch.tensor([0, 2]), beams=1)
+
+
 def test_beam_reorder_copies_no_cached_keys_or_values() -> None:
     model = make_model()
     with torch.no_grad():

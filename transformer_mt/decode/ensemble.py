@@ -49,10 +49,11 @@ class EnsembleCache:
 
     parts: list[Any]
 
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> EnsembleCache:
-        """Row r of every cache continues row ``index[r]``, keeping ``sentences`` (see `DecoderCache.reorder`)."""
+    def reorder(self, index: Tensor, sentences: Tensor | None = None, beams: int | None = None) -> EnsembleCache:
+        """Row r of every cache continues row ``index[r]``, keeping ``sentences``, with ``beams`` rows per
+        sentence from now on (see `DecoderCache.reorder`)."""
         for part in self.parts:
-            part.reorder(index, sentences=sentences)
+            part.reorder(index, sentences=sentences, beams=beams)
         return self
 
 

@@ -4,9 +4,10 @@ The search runs on any model with the decoding API of `transformer_mt.model`:
 ``encode(src) -> enc``, ``init_cache(enc, beams, capacity) -> cache``,
 ``decode(tgt_in, enc, cache) -> logits`` (``capacity``: the most target
 positions the search will feed), where ``enc.reorder(index)`` returns the rows
-``index`` of the encoder output and ``cache.reorder(index, sentences)`` makes
-row r of the cache continue the hypothesis of row ``index[r]``, in place,
-keeping the sentences ``sentences`` when some leave the batch. With a cache,
+``index`` of the encoder output and ``cache.reorder(index, sentences, beams)``
+makes row r of the cache continue the hypothesis of row ``index[r]``, in place,
+keeping the sentences ``sentences`` when some leave the batch, and holding
+``beams`` rows per sentence from then on when given. With a cache,
 ``decode`` reads the encoder output no more (the cache holds what it needs),
 so the search leaves ``enc`` as `encode` returned it. Row r of a
 decode batch is beam r % k of sentence r // k. Nothing in the loop knows which
@@ -15,7 +16,9 @@ model it runs.
 The search, per sentence, with beam size k (all sentences of a batch at once):
 
 1. The encoder runs once; the cross-attention keys/values are computed once
-   per sentence (``init_cache``) and shared by its k beams.
+   per sentence (``init_cache``) and shared by its k beams. The first step
+   extends a single hypothesis per sentence (BOS), one decoder row instead
+   of k identical ones; the k beams start from its candidates.
 2. At each step every live hypothesis is extended by one token; the 2k best
    extensions over (beam x vocabulary), by raw log-probability, are the
    candidates. PAD and BOS are never generated.
@@ -124,14 +127,22 @@ def max_output_lengths(
 
 @dataclass
 class _Beams:
-    """The live part of the search: n active sentences x k beams, row r = sentence r // k, beam r % k."""
+    """The live part of the search: n active sentences x w beams, row r = sentence r // w, beam r % w.
+
+    w (`width`) is 1 at the first step, when every sentence has one hypothesis (BOS), and k after it.
+    """
 
     sent: Tensor  # (n,) index of each active sentence in the input batch
     max_len: Tensor  # (n,) maximum output length, tokens before EOS
-    tokens: Tensor  # (n*k, t+1) BOS and the t tokens generated so far
-    scores: Tensor  # (n, k) raw log-probabilities of the live hypotheses, -inf for empty beams
-    enc: Any  # encoder output: n rows with a cache (the beams share it), n*k rows without
-    cache: Any  # decoder cache of n sentences x k beams (None when decoding without a cache)
+    tokens: Tensor  # (n*w, t+1) BOS and the t tokens generated so far
+    scores: Tensor  # (n, w) raw log-probabilities of the live hypotheses, -inf for empty beams
+    enc: Any  # encoder output: n rows with a cache (the beams share it), n*w rows without
+    cache: Any  # decoder cache of n sentences x w beams (None when decoding without a cache)
+
+    @property
+    def width(self) -> int:
+        """w: beams (rows) per sentence."""
+        return self.scores.shape[1]
 
 
 @dataclass
@@ -182,14 +193,14 @@ def beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
     k = beam_size
-    beams = _start(model, src, k, max_output_lengths(src, max_len_a, max_len_b, max_positions), use_cache)
+    beams = _start(model, src, max_output_lengths(src, max_len_a, max_len_b, max_positions), use_cache)
     finished = _Finished(k, [[] for _ in range(src.shape[0])])
     step = 0
     while beams.sent.numel() > 0:
-        lprobs = _next_log_probs(model, beams, use_cache)  # (n*k, V)
+        lprobs = _next_log_probs(model, beams, use_cache)  # (n*w, V), w beams per sentence
         if no_repeat_ngram > 0:
             lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
-        lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(k) == step)
+        lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
         cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
@@ -199,19 +210,19 @@ def beam_search(
     return [hyps[:nbest] for hyps in finished.hyps]
 
 
-def _start(model: Any, src: Tensor, k: int, max_len: Tensor, use_cache: bool) -> _Beams:
-    """Encode once and compute the cross-attention state once per sentence, for its k beams to share.
+def _start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool) -> _Beams:
+    """Encode once and compute the cross-attention state once per sentence, for its beams to share.
 
-    Without a cache the decoder reads the encoder output itself, one row per beam.
+    Each sentence starts with one hypothesis, BOS: the first step decodes one
+    row per sentence, not k identical ones, and `_advance` then widens the
+    search to k beams (CTranslate2 does the same). Without a cache the
+    decoder reads the encoder output itself, one row per beam.
     """
     B = src.shape[0]
     enc = model.encode(src)
-    cache = model.init_cache(enc, beams=k, capacity=int(max_len.max()) + 1) if use_cache else None  # BOS + output
-    if cache is None:
-        enc = enc.reorder(torch.arange(B, device=src.device).repeat_interleave(k))  # (B*k,) rows
-    scores = torch.full((B, k), NEG_INF, device=src.device)
-    scores[:, 0] = 0.0  # one live hypothesis (BOS) per sentence at the start; the other beams are empty
-    tokens = torch.full((B * k, 1), BOS, dtype=torch.long, device=src.device)
+    cache = model.init_cache(enc, beams=1, capacity=int(max_len.max()) + 1) if use_cache else None  # BOS + output
+    scores = torch.zeros((B, 1), device=src.device)
+    tokens = torch.full((B, 1), BOS, dtype=torch.long, device=src.device)
     return _Beams(torch.arange(B, device=src.device), max_len.to(src.device), tokens, scores, enc, cache)
 
 
@@ -262,17 +273,25 @@ def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
 def _top_candidates(scores: Tensor, lprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2k best one-token extensions per sentence over (beam x vocab), by raw log-probability.
 
-    Returns scores, beam indices and tokens, each (n, 2k), best first. Empty
-    beams (-inf) only produce -inf candidates, which are never kept. Every
+    ``scores`` (n, w) holds the w beams of each sentence (w = 1 at the first
+    step), ``lprobs`` one row per beam. Returns scores, beam indices and
+    tokens, each (n, 2k), best first. Empty beams (-inf) only produce -inf
+    candidates, which are never kept; so are the -inf candidates that fill
+    the 2k places when a vocabulary smaller than 2k leaves fewer. Every
     candidate is among the 2k best tokens of its own beam, so those are taken
-    first, and the (n, k, V) sums are never formed.
+    first, and the (n, w, V) sums are never formed.
     """
-    n = scores.shape[0]
+    n, w = scores.shape
     m = min(2 * k, lprobs.shape[-1])
-    row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*k, m): the best extensions of each beam
-    total = (scores.view(-1, 1) + row_lprobs).view(n, k * m)  # raw log-probabilities, as scores + lprobs
-    cand_scores, flat = total.topk(min(2 * k, k * m), dim=1)  # (n, 2k)
-    return cand_scores, flat // m, row_tokens.view(n, k * m).gather(1, flat)
+    row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*w, m): the best extensions of each beam
+    total = (scores.view(-1, 1) + row_lprobs).view(n, w * m)  # raw log-probabilities, as scores + lprobs
+    fill = 2 * k - w * m  # > 0 only for one beam over a vocabulary of fewer than 2k tokens
+    if fill > 0:
+        total = torch.cat([total, total.new_full((n, fill), NEG_INF)], dim=1)
+    cand_scores, flat = total.topk(2 * k, dim=1)  # (n, 2k)
+    if fill > 0:
+        flat = flat.clamp_max(w * m - 1)  # a filler names a real candidate; its -inf score keeps it out
+    return cand_scores, flat // m, row_tokens.view(n, w * m).gather(1, flat)
 
 
 CHUNK = 64  # columns per chunk of `row_topk`
@@ -315,14 +334,14 @@ def _collect_finished(
     form: Literal["gnmt", "fairseq"],
 ) -> None:
     """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included."""
-    k = beams.scores.shape[1]
+    k = finished.k
     is_eos = (cand_token[:, :k] == EOS) & torch.isfinite(cand_scores[:, :k])  # (n, k)
     found = is_eos.nonzero()  # (f, 2): sentence position and rank of every finished candidate
     if found.numel() == 0:
         return
     penalty = float(length_penalty(float(step + 1), alpha, form))
     i, j = found.unbind(1)
-    rows = i * k + cand_beam[i, j]  # (f,) the beam row each one extends
+    rows = i * beams.width + cand_beam[i, j]  # (f,) the beam row each one extends
     # the candidates' data to Python in one conversion each, not a few tensor reads per hypothesis
     sentences, log_probs = beams.sent[i].tolist(), cand_scores[i, j].tolist()
     for sentence, log_prob, tokens in zip(sentences, log_probs, beams.tokens[rows, 1:].tolist(), strict=True):
@@ -347,7 +366,7 @@ def _sentences_done(
 ) -> Tensor:
     """(n,) bool: the sentences whose result can no longer change, or with ``k_finished`` the sentences with k
     finished hypotheses (module docstring, rule 4)."""
-    k = beams.scores.shape[1]
+    k = finished.k
     best_live = live_scores[:, 0].double()  # (n,) raw log-probabilities, -inf when nothing is live
     t = step + 1  # tokens of the live hypotheses after this step
     lp_now = length_penalty(torch.tensor(float(t + 1), dtype=torch.float64), alpha, form)
@@ -362,16 +381,20 @@ def _sentences_done(
 
 
 def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: Tensor, done: Tensor, k: int) -> _Beams:
-    """Append the chosen tokens, point each cache row at its parent and drop the done sentences."""
+    """Append the chosen tokens, point each cache row at its parent and drop the done sentences.
+
+    After the first step, widen each sentence from its one hypothesis to k beams.
+    """
     keep = _kept_sentences(done)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
-    rows = (keep[:, None] * k + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
+    w = beams.width
+    rows = (keep[:, None] * w + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
     tokens = torch.cat([beams.tokens.index_select(0, rows), live_token.index_select(0, keep).view(-1, 1)], dim=1)
     if beams.cache is not None:
-        beams.cache.reorder(rows, sentences=keep if shrink else None)
+        beams.cache.reorder(rows, sentences=keep if shrink else None, beams=k if w < k else None)
     enc = beams.enc
-    if shrink and beams.cache is None:  # with a cache the decoder reads the encoder output no more (`_start`)
-        enc = enc.reorder((keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1))
+    if (shrink or w < k) and beams.cache is None:  # with a cache the decoder reads the encoder output no more
+        enc = enc.reorder((keep * w).repeat_interleave(k))  # the beams of a sentence share one encoder output
     return _Beams(
         beams.sent.index_select(0, keep),
         beams.max_len.index_select(0, keep),

@@ -20,6 +20,10 @@ attention itself. This cache copies nothing when beams are reordered:
   reorder rewrites only this small (n, k, L) table of slot numbers.
 - Sentences that leave the batch are dropped by an index_select over
   sentences, the only copy of cached keys/values.
+- Beam search decodes its first step with one hypothesis per sentence (a
+  cache of 1 beam), then widens it to k (``reorder(..., beams=k)``): the
+  buffers get k slots per position, and every beam's history so far is
+  that one hypothesis' slot.
 
 Masked entries get exactly zero attention weight, so each hypothesis attends
 to the same keys and values, at the same positions, as with per-row copies.
@@ -78,6 +82,22 @@ class LayerCache:
         if self.self_k is not None and self.self_v is not None:
             self.self_k = _keep_rows(self.self_k, sentences, moved, length)
             self.self_v = _keep_rows(self.self_v, sentences, moved, length)
+
+    def widen(self, beams: int, length: int) -> None:
+        """Room for ``beams`` slots per position; the ``length`` positions written so far keep their slots.
+
+        The new slots of those positions are zeroed, never left uninitialized:
+        a masked entry gets attention weight 0, and 0 times a NaN left in
+        fresh memory would still be NaN.
+        """
+        for name in ("self_k", "self_v"):
+            buffer = getattr(self, name)
+            if buffer is None or buffer.shape[3] >= beams:
+                continue
+            grown = buffer.new_empty(*buffer.shape[:3], beams, buffer.shape[4])
+            grown[:, :, :length, : buffer.shape[3]] = buffer[:, :, :length]
+            grown[:, :, :length, buffer.shape[3] :] = 0.0
+            setattr(self, name, grown)
 
 
 def _moved_rows(rows: Tensor) -> Tensor:
@@ -174,33 +194,45 @@ class DecoderCache:
         own = torch.arange(k, device=self.ancestry.device).view(1, k, 1).expand(n, k, new)
         return torch.cat([self.ancestry, own], dim=2)
 
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+    def reorder(self, index: Tensor, sentences: Tensor | None = None, beams: int | None = None) -> DecoderCache:
         """Row r now continues the hypothesis of old row ``index[r]`` (LongTensor); in place, returns self.
 
         Beam search calls this after each step with the parent of each new
         beam. Beams stay within their sentence: ``index[r] // k`` must be
-        sentence ``r // k`` or, when ``sentences`` (n',) is given to drop
-        (or repeat) sentences, sentence ``sentences[r // k]``. Only then are
-        cached keys/values copied, once per kept sentence.
+        sentence ``r // k'`` or, when ``sentences`` (n',) is given to drop
+        (or repeat) sentences, sentence ``sentences[r // k']``, where k' is
+        ``beams`` (more rows per sentence from now on; the search starts each
+        sentence with one) or k. Only when sentences are dropped or repeated
+        are cached keys/values copied, once per kept sentence.
         """
         n, k, length = self.ancestry.shape
+        wider = k if beams is None else beams
+        if wider < k:
+            raise ValueError(f"reorder can give a sentence more beams, not fewer: {k} -> {wider}")
         kept = torch.arange(n, device=index.device) if sentences is None else sentences
-        _check_within_sentences(index, kept, k)
-        self.ancestry = self.ancestry.flatten(0, 1).index_select(0, index).view(kept.numel(), k, length)
+        _check_within_sentences(index, kept, k, wider)
+        self.ancestry = self.ancestry.flatten(0, 1).index_select(0, index).view(kept.numel(), wider, length)
         if sentences is not None:
             moved = _moved_rows(sentences)  # the same for every layer
             for layer in self.layers:
                 layer.keep_sentences(sentences, moved, length)
             if self.cross_mask is not None:
                 self.cross_mask = self.cross_mask.index_select(0, sentences)
+        if wider > k:
+            for layer in self.layers:
+                layer.widen(wider, length)
+            self.beams = wider
         return self
 
 
-def _check_within_sentences(index: Tensor, kept: Tensor, k: int) -> None:
-    """Refuse an index that moves a row to another sentence: the cache holds one ancestry per sentence."""
-    expected = kept.repeat_interleave(k)
+def _check_within_sentences(index: Tensor, kept: Tensor, k: int, wider: int) -> None:
+    """Refuse an index that moves a row to another sentence: the cache holds one ancestry per sentence.
+
+    ``index`` has ``wider`` rows per kept sentence and points at rows of k per sentence.
+    """
+    expected = kept.repeat_interleave(wider)
     if index.shape != expected.shape:
-        raise ValueError(f"reorder got {index.numel()} rows for {kept.numel()} sentences x {k} beams")
+        raise ValueError(f"reorder got {index.numel()} rows for {kept.numel()} sentences x {wider} beams")
     sentence = index.div(k, rounding_mode="floor")
     if not torch.equal(sentence, expected):  # one check per beam step; the details only on failure
         r = int((sentence != expected).nonzero()[0])
