@@ -211,7 +211,8 @@ def test_multi30k_config_matches_the_benchmark_recipe():
 
 
 def test_fairseq_replay_config_is_the_published_recipe():
-    """configs/multi30k_fairseq.yaml: raw data, peak 1e-3 after 80 updates, inverse sqrt, fairseq's length penalty."""
+    """configs/multi30k_fairseq.yaml: raw data, peak 1e-3 after 80 updates, inverse sqrt, and fairseq-generate's
+    length penalty, stopping rule and length limit."""
     from transformer_mt.train.schedule import Schedule
 
     cfg = load_config(CONFIGS / "multi30k_fairseq.yaml")
@@ -222,7 +223,14 @@ def test_fairseq_replay_config_is_the_published_recipe():
     assert sched.lr(80, 0.0) == pytest.approx(1e-3, rel=1e-3)
     assert sched.lr(320, 0.0) == pytest.approx(1e-3 * (80 / 320) ** 0.5, rel=1e-3)
     assert (t.max_tokens, t.save_every_updates, t.max_minutes, t.average_last) == (4096, 50, 20, 5)
-    assert (cfg.decode.beam_size, cfg.decode.len_penalty_form) == (4, "fairseq")
+    d = cfg.decode
+    assert (d.beam_size, d.len_penalty_form, d.stopping, d.max_len_a, d.max_len_b) == (
+        4,
+        "fairseq",
+        "k_finished",
+        0,
+        200,
+    )
 
 
 @pytest.mark.parametrize("name", ["base", "big"])
