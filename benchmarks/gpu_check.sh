@@ -3,6 +3,7 @@
 #
 #   benchmarks/gpu_check.sh                 # on a machine with a CUDA device, from the repository root
 #   benchmarks/gpu_check.sh --cpu-smoke     # tiny shapes on the CPU: checks this script, measures nothing
+#   PYTHON=.venv/bin/python benchmarks/gpu_check.sh   # an interpreter with torch, when `python` has none
 #
 # Reports, each part bounded in time:
 #   - base and big (configs/base.yaml, big.yaml, vocabulary 37000) in bf16, eager and compiled
@@ -19,6 +20,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # transformer_mt from this 
 SMOKE=0
 if [[ ${1:-} == --cpu-smoke ]]; then SMOKE=1; elif [[ $# -gt 0 ]]; then
     echo "usage: benchmarks/gpu_check.sh [--cpu-smoke]" >&2; exit 2
+fi
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+    echo "gpu_check: $PYTHON cannot import torch; activate the project's virtual environment" >&2
+    echo "gpu_check: or name its interpreter: PYTHON=.venv/bin/python benchmarks/gpu_check.sh" >&2
+    exit 2
 fi
 if [[ $SMOKE == 0 ]] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: no CUDA device (torch.cuda.is_available() is False); nothing measured." >&2

@@ -37,6 +37,13 @@ def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
     assert not (tmp_path / "gpu_check").exists()  # nothing measured, nothing written
 
 
+def test_a_python_without_torch_is_named_before_anything_runs(tmp_path):
+    env = {**os.environ, "PYTHON": "false", "OUT": str(tmp_path)}  # `false -c "import torch"` fails like it
+    done = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "false cannot import torch" in done.stderr and "PYTHON=" in done.stderr
+    assert not (tmp_path / "gpu_check").exists()
+
+
 def test_report_is_one_table_of_every_part(tmp_path):
     train = {"tmt": {"tgt_tokens_per_s": 123456.0, "mfu": 0.512, "peak_memory_bytes": 20 * 2**30,
                      "device": "NVIDIA H200", "precision": "bf16", "timed_updates": 20,
