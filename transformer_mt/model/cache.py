@@ -92,12 +92,8 @@ class LayerCache:
         """
         for name in ("self_k", "self_v"):
             buffer = getattr(self, name)
-            if buffer is None or buffer.shape[3] >= beams:
-                continue
-            grown = buffer.new_empty(*buffer.shape[:3], beams, buffer.shape[4])
-            grown[:, :, :length, : buffer.shape[3]] = buffer[:, :, :length]
-            grown[:, :, :length, buffer.shape[3] :] = 0.0
-            setattr(self, name, grown)
+            if buffer is not None and buffer.shape[3] < beams:
+                setattr(self, name, _regrown(buffer, buffer.shape[2], beams, length))
 
 
 def _moved_rows(rows: Tensor) -> Tensor:
@@ -125,16 +121,28 @@ def _keep_rows(buffer: Tensor, rows: Tensor, moved: Tensor, length: int | None =
     return kept
 
 
+def _regrown(buffer: Tensor, positions: int, slots: int, length: int) -> Tensor:
+    """A new self-attention buffer (n, H, positions, slots, Dh) holding ``buffer``'s first ``length`` positions.
+
+    The slots ``buffer`` did not have are zeroed at those positions (`LayerCache.widen`); everything past
+    ``length`` is left unwritten, to be written before it is read.
+    """
+    n, H, _, old_slots, Dh = buffer.shape
+    grown = buffer.new_empty(n, H, positions, slots, Dh)
+    grown[:, :, :length, :old_slots] = buffer[:, :, :length]
+    if slots > old_slots:
+        grown[:, :, :length, old_slots:] = 0.0
+    return grown
+
+
 def _write(buffer: Tensor | None, new: Tensor, step: Step) -> Tensor:
     """``buffer`` with ``new`` (n*k, H, T, Dh) written at positions length .. length+T-1, grown first if too short."""
     rows, H, T, Dh = new.shape
     end = step.length + T
-    if buffer is None or buffer.shape[2] < end:
-        old = 0 if buffer is None else buffer.shape[2]
-        grown = new.new_empty(rows // step.beams, H, max(end, 2 * old, step.capacity), step.beams, Dh)
-        if buffer is not None:
-            grown[:, :, : step.length] = buffer[:, :, : step.length]
-        buffer = grown
+    if buffer is None:
+        buffer = new.new_empty(rows // step.beams, H, max(end, step.capacity), step.beams, Dh)
+    elif buffer.shape[2] < end:
+        buffer = _regrown(buffer, max(end, 2 * buffer.shape[2]), step.beams, step.length)
     new = new.unflatten(0, (rows // step.beams, step.beams))  # (n, k, H, T, Dh)
     if T == 1:  # a beam step: one position, copied as a 4-d view (the 5-d strided copy took twice as long)
         buffer.select(2, step.length).copy_(new.select(3, 0).transpose(1, 2))
