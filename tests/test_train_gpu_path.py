@@ -165,8 +165,8 @@ def test_padding_never_passes_the_limit_and_multiple_one_is_off():
 @pytest.mark.parametrize(
     ("name", "peak"),
     [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 SXM5", 989.0), ("NVIDIA H200", 989.0),
-     ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA L4", 121.0),
-     ("Mystery GPU", None)],
+     ("NVIDIA H200 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.0),
+     ("NVIDIA H100 PCIe", 756.0), ("NVIDIA L4", 121.0), ("Mystery GPU", None)],
 )  # fmt: skip
 def test_peak_table_by_device_name(name, peak):
     assert peak_tflops(name) == peak

@@ -13,7 +13,8 @@ import torch
 
 # bf16 dense tensor-core peaks, TFLOP/s (vendor datasheets, without sparsity), matched by substring of the name.
 PEAK_BF16_TFLOPS = {
-    "H200": 989.0,
+    "H200": 989.0,  # the SXM part, "NVIDIA H200"
+    "H200 NVL": 835.0,
     "H100 SXM": 989.0,
     "H100 NVL": 835.0,
     "H100 PCIe": 756.0,
