@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_check.sh                 # on a machine with a CUDA device, from the repository root
 #   benchmarks/gpu_check.sh --cpu-smoke     # tiny shapes on the CPU: checks this script, measures nothing
-#   PYTHON=.venv/bin/python benchmarks/gpu_check.sh   # an interpreter with torch, when `python` has none
+#   PYTHON=.venv/bin/python benchmarks/gpu_check.sh   # an interpreter with torch (default: python, else python3)
 #
 # Reports, each part bounded in time:
 #   - base and big (configs/base.yaml, big.yaml, vocabulary 37000) in bf16, eager and compiled
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}  # some systems have python3 alone
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # transformer_mt from this checkout, installed or not
 SMOKE=0
 if [[ ${1:-} == --cpu-smoke ]]; then SMOKE=1; elif [[ $# -gt 0 ]]; then
@@ -58,12 +58,14 @@ if [[ $SMOKE == 1 ]]; then
     DECODE=(--cpu-smoke --sentences 20 --seconds 20)
     TRAIN_LIMIT=120 COMPILE_LIMIT=300 DDP_LIMIT=120 DECODE_LIMIT=120
 else
-    # 45 + 130 per model, 40 for DDP, 60 for decoding: 450 s of limits, under 8 minutes with the checks around them
+    # 40 + 160 per model, 35 for DDP, 45 for decoding: 480 s of limits, 8 minutes. A compiled part builds two
+    # graphs in its warm-up (the first batch's shapes, then one with dynamic dimensions), each perhaps tens of
+    # seconds for these models, so it gets the most.
     SHAPE=(--set train.max_tokens=12500)
-    STEPS=(--steps 20 --warmup 3 --max-seconds 15)
+    STEPS=(--steps 20 --warmup 3 --max-seconds 12)
     SMOKE_FLAG=()
-    DECODE=(--seconds 40)
-    TRAIN_LIMIT=45 COMPILE_LIMIT=130 DDP_LIMIT=40 DECODE_LIMIT=60
+    DECODE=(--seconds 30)
+    TRAIN_LIMIT=40 COMPILE_LIMIT=160 DDP_LIMIT=35 DECODE_LIMIT=45
 fi
 for model in base big; do
     common=("configs/$model.yaml" --impl tmt --repeats 1 "${STEPS[@]}" "${SHAPE[@]}" --set train.precision=bf16)

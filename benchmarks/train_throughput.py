@@ -152,14 +152,14 @@ class MarianPeer(nn.Module):
 PEERS = {"torch": PeerTransformer, "marian": MarianPeer}
 
 
-def _peer_update(model, optimizer, batch: Batch, precision: str, eps: float) -> None:
+def _peer_update(model, optimizer, batch: Batch, tokens: int, precision: str, eps: float) -> None:
     with autocast(batch.src.device, precision):
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
     loss = F.cross_entropy(
         logits.float().view(-1, logits.size(-1)), batch.tgt_out.view(-1), ignore_index=PAD, label_smoothing=eps,
         reduction="sum",
     )  # fmt: skip
-    (loss / batch.num_tgt_tokens).backward()
+    (loss / tokens).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -179,40 +179,42 @@ def _measure(
     vocab = cfg.bpe.vocab_size
     batches = synthetic_batches(vocab, cfg.train.max_tokens, warmup + steps, seed)
     limit = cfg.model.max_positions
-    batches = [pad_to_multiple(b, cfg.train.pad_to_multiple, limit).to(device) for b in batches]
+    batches = [pad_to_multiple(b, cfg.train.pad_to_multiple, limit) for b in batches]
+    counts = [b.num_tgt_tokens for b in batches]  # read on the host: no device sync inside the timed updates
+    batches = [_placed(b, impl, device) for b in batches]
     torch.manual_seed(seed)
     if impl == "tmt":  # the trainer's own model, optimizer and step (train/build.py)
         step = build_stepper(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed)),
                              DistEnv(0, 1, 0, device, True), vocab)  # fmt: skip
         module = step.module
 
-        def update(batch: Batch) -> None:
+        def update(batch: Batch, tokens: int) -> None:  # the trainer counts a batch's tokens itself
             apply_gradients(step, accumulate_gradients(step, [batch]), lr=1e-4)
     else:
         module = PEERS[impl](cfg, vocab).to(device)
         model = torch.compile(module) if cfg.train.compile else module
         optimizer = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
-        def update(batch: Batch) -> None:
-            _peer_update(model, optimizer, batch, precision, cfg.train.label_smoothing)
+        def update(batch: Batch, tokens: int) -> None:
+            _peer_update(model, optimizer, batch, tokens, precision, cfg.train.label_smoothing)
 
     module.train()
-    for batch in batches[:warmup]:
-        update(batch)
+    for batch, count in zip(batches[:warmup], counts[:warmup], strict=True):
+        update(batch, count)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    timed = []
-    for batch in batches[warmup:]:
-        update(batch)
+    timed, tokens = [], 0
+    for batch, count in zip(batches[warmup:], counts[warmup:], strict=True):
+        update(batch, count)
         timed.append(batch)
+        tokens += count  # padding excluded: MFU counts real tokens
         if max_seconds > 0 and time.perf_counter() - start > max_seconds:
             break
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    tokens = sum(b.num_tgt_tokens for b in timed)  # padding excluded: MFU counts real tokens
     src_len = sum(b.num_src_tokens for b in timed) / sum(len(b) for b in timed)
     tgt_len = tokens / sum(len(b) for b in timed)
     fpt = flops_per_token(cfg.model, vocab, src_len, tgt_len)
@@ -235,6 +237,14 @@ def _measure(
         "timed_updates": len(timed),
         "compiled": cfg.train.compile,
     }
+
+
+def _placed(batch: Batch, impl: str, device: torch.device) -> Batch:
+    """A batch where its update reads it. On a GPU tmt's step gets it pinned in host memory, as the trainer's
+    prefetcher hands it over, and copies it without waiting; a peer's model takes it on the device."""
+    if device.type != "cuda":
+        return batch
+    return batch.pin_memory() if impl == "tmt" else batch.to(device)
 
 
 def _child(queue: mp.Queue, args: tuple) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,19 @@ def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "no CUDA device" in done.stderr and "--cpu-smoke" in done.stderr
     assert not (tmp_path / "gpu_check").exists()  # nothing measured, nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_without_python_on_the_path_it_takes_python3(tmp_path):
+    bin_dir = tmp_path / "bin"  # a PATH holding python3 (this interpreter, with torch) and no python
+    bin_dir.mkdir()
+    wrapper = bin_dir / "python3"  # a script, not a link: a virtual environment's python finds itself by its path
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"} | {"PATH": str(bin_dir), "OUT": str(tmp_path)}
+    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr  # python3 imported torch and found no GPU
 
 
 def test_a_python_without_torch_is_named_before_anything_runs(tmp_path):
