@@ -56,12 +56,17 @@ def _shard(rank: int) -> list[Batch | None]:
     return [None if spec is None else _batch(*spec) for spec in SHARDS[rank]]
 
 
-def _stepper(model, module, env: DistEnv, adam: bool = False) -> Stepper:
+def _stepper(model, module, env: DistEnv, adam: bool = False, deferred: bool = False) -> Stepper:
+    """``deferred``: the GPU's way, counts summed over ranks on the device and a fused optimizer that skips there
+    (`step._device_counts`, `step._apply_on_device`), which a single GPU never runs with more than one rank."""
     # SGD makes the update linear in the gradient; Adam's first step is lr * sign(g), which turns
     # rounding noise in near-zero gradients into full-size differences.
-    opt = build_optimizer(module.parameters(), TrainConfig()) if adam else torch.optim.SGD(module.parameters(), lr=0.0)
+    if adam:
+        opt = build_optimizer(module.parameters(), TrainConfig())
+    else:
+        opt = torch.optim.SGD(module.parameters(), lr=0.0, fused=deferred or None)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return Stepper(model, module, opt, scaler, env, "fp32", 0.1, clip_norm=0.0)
+    return Stepper(model, module, opt, scaler, env, "fp32", 0.1, clip_norm=0.0, defer_sync=deferred)
 
 
 def _run_update(step: Stepper, batches: list[Batch | None]) -> tuple[dict, dict, float]:
@@ -69,10 +74,10 @@ def _run_update(step: Stepper, batches: list[Batch | None]) -> tuple[dict, dict,
     grads = {n: p.grad.clone() for n, p in step.module.named_parameters()}
     apply_gradients(step, stats, lr=0.1)
     params = {n: p.detach().clone() for n, p in step.module.named_parameters()}
-    return grads, params, stats.loss_sum / stats.tokens
+    return grads, params, float(stats.loss_sum / stats.tokens)
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world_size: int, port: int, out_dir: str, deferred: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -80,7 +85,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         env = DistEnv(rank, world_size, rank, torch.device("cpu"), rank == 0)
         torch.manual_seed(0 if rank == 0 else 123)  # DDP must broadcast rank 0's weights
         module = Transformer(MODEL, VOCAB, PAD)
-        step = _stepper(DDP(module), module, env)
+        step = _stepper(DDP(module), module, env, deferred=deferred)
         grads, params, loss = _run_update(step, _shard(rank))
         torch.save({"grads": grads, "params": params, "loss": loss}, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -88,8 +93,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_gloo_equals_one_process_on_union(tmp_path, free_port):
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("deferred", [False, True], ids=["host-synced", "deferred"])
+def test_two_process_gloo_equals_one_process_on_union(tmp_path, free_port, deferred):
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), deferred), nprocs=2, join=True)
 
     torch.manual_seed(0)
     module = Transformer(MODEL, VOCAB, PAD)
