@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py ddp --json OUT/ddp.json            # under torchrun --nproc-per-node 1
     python benchmarks/gpu_check.py decode --data ../shared/data --json OUT/decode.json
+    python benchmarks/gpu_check.py quickstart --json OUT/quickstart.json
     python benchmarks/gpu_check.py report OUT                          # the table of every JSON in OUT
 
 ``ddp``: a few updates of the base shape through DistributedDataParallel over
@@ -12,8 +13,11 @@ base-shape model of random weights and a BPE model learned from
 newstest2013, for at most ``--seconds``: sentences/s. With random weights a
 hypothesis rarely ends early, so outputs run towards the length limit (source
 length + 50): the slow end of decoding, a bound rather than a trained model's
-pace. ``--cpu-smoke`` shrinks everything to seconds on a CPU, to check the
-script itself.
+pace. ``quickstart``: `tmt quickstart` on the GPU (the toy corpus: prepare,
+train, average, translate, score), the trainer's own loop with its prefetched
+pinned batches, deferred synchronization and checkpoints, end to end; its
+sacreBLEU, updates and training tokens/s. ``--cpu-smoke`` shrinks everything
+to seconds on a CPU, to check the script itself.
 """
 
 from __future__ import annotations
@@ -126,6 +130,23 @@ def decode_speed(data: Path, smoke: bool, seconds: float, sentences: int) -> dic
     }  # fmt: skip
 
 
+def quickstart(smoke: bool) -> dict[str, Any]:
+    """`tmt quickstart` in a temporary directory (30 updates with ``smoke``); what it scored, and how fast it trained."""
+    from transformer_mt.quickstart import run_quickstart
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        scores = run_quickstart(Path(tmp), ("train.max_updates=30",) if smoke else ())
+        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text("utf-8").splitlines()]
+    first, last = (next(r for r in records if r["kind"] == kind) for kind in ("start", "end"))
+    train = [r for r in records if r["kind"] == "train"]
+    return {
+        "part": "quickstart", "device": first["device"], "precision": first["precision"], "updates": last["update"],
+        "tgt_tokens_per_s": train[-1]["tgt_tokens_per_s"],
+        "sacrebleu": scores["sacrebleu"]["score"], "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+
+
 def report(out: Path) -> str:
     """One Markdown table of every figure the parts wrote as JSON into ``out``."""
     rows = ["| part | figure |", "| --- | --- |"]
@@ -151,6 +172,12 @@ def _figure(found: dict[str, Any]) -> str:
             f"{found['tgt_tokens_per_s']:,.0f} tgt tok/s over {found['backend']} DDP, {found['world_size']} "
             f"process(es), {found['updates']} updates, loss finite: {found['loss_finite']}"
         )
+    if found.get("part") == "quickstart":
+        return (
+            f"sacreBLEU {found['sacrebleu']:.1f} on the toy test set after {found['updates']} updates on "
+            f"{found['device']} ({found['precision']}, {found['tgt_tokens_per_s']:,.0f} tgt tok/s at the end), "
+            f"{found['seconds']:.0f} s in all"
+        )
     if found.get("part") == "decode":
         return (
             f"{found['sentences_per_s']:,.1f} sentences/s, {found['output_tokens_per_s']:,.0f} output tok/s, "
@@ -161,7 +188,7 @@ def _figure(found: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["ddp", "decode", "report"])
+    parser.add_argument("part", choices=["ddp", "decode", "quickstart", "report"])
     parser.add_argument("out", nargs="?", help="report: the directory of the parts' JSON files")
     parser.add_argument("--json", help="write this part's figures to this JSON file")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: checks the script only")
@@ -175,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.part == "ddp":
         found = ddp_step(args.cpu_smoke, args.updates)
+    elif args.part == "quickstart":
+        found = quickstart(args.cpu_smoke)
     else:
         found = decode_speed(Path(args.data), args.cpu_smoke, args.seconds, args.sentences)
     print(json.dumps(found))

@@ -10,7 +10,8 @@
 #     (train.compile with train.pad_to_multiple=8): target tokens/s, MFU, peak memory
 #     (benchmarks/train_throughput.py --impl tmt, synthetic batches of train.max_tokens);
 #   - one update through DDP over NCCL, one process (torchrun --nproc-per-node 1);
-#   - beam-4 decoding of newstest2014 (wmt14_en_de/ under ../shared/data or shared/data), sentences/s.
+#   - beam-4 decoding of newstest2014 (wmt14_en_de/ under ../shared/data or shared/data), sentences/s;
+#   - `tmt quickstart` with training on the GPU: the trainer's own loop end to end, and the BLEU it reaches.
 # Figures go to stdout and, with $OUT set, to $OUT/gpu_check/ (one JSON per part and gpu_check.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,16 +57,16 @@ if [[ $SMOKE == 1 ]]; then
     STEPS=(--steps 2 --warmup 1 --max-seconds 10)
     SMOKE_FLAG=(--cpu-smoke)
     DECODE=(--cpu-smoke --sentences 20 --seconds 20)
-    TRAIN_LIMIT=120 COMPILE_LIMIT=300 DDP_LIMIT=120 DECODE_LIMIT=120
+    TRAIN_LIMIT=120 COMPILE_LIMIT=300 DDP_LIMIT=120 DECODE_LIMIT=120 QUICKSTART_LIMIT=120
 else
-    # 40 + 160 per model, 35 for DDP, 45 for decoding: 480 s of limits, 8 minutes. A compiled part builds two
-    # graphs in its warm-up (the first batch's shapes, then one with dynamic dimensions), each perhaps tens of
-    # seconds for these models, so it gets the most.
+    # 35 + 135 per model, 30 for DDP, 40 for decoding, 75 for the quickstart: 485 s of limits, about 8 minutes.
+    # A compiled part builds two graphs in its warm-up (the first batch's shapes, then one with dynamic
+    # dimensions), each perhaps tens of seconds for these models, so it gets the most.
     SHAPE=(--set train.max_tokens=12500)
     STEPS=(--steps 20 --warmup 3 --max-seconds 12)
     SMOKE_FLAG=()
-    DECODE=(--seconds 30)
-    TRAIN_LIMIT=40 COMPILE_LIMIT=160 DDP_LIMIT=35 DECODE_LIMIT=45
+    DECODE=(--seconds 25)
+    TRAIN_LIMIT=35 COMPILE_LIMIT=135 DDP_LIMIT=30 DECODE_LIMIT=40 QUICKSTART_LIMIT=75
 fi
 for model in base big; do
     common=("configs/$model.yaml" --impl tmt --repeats 1 "${STEPS[@]}" "${SHAPE[@]}" --set train.precision=bf16)
@@ -83,6 +84,8 @@ if [[ -n $DATA ]]; then
 else
     echo "gpu_check: no wmt14_en_de/newstest2014.en under ../shared/data or shared/data; decoding not measured" >&2
 fi
+part quickstart "$QUICKSTART_LIMIT" "$PYTHON" benchmarks/gpu_check.py quickstart "${SMOKE_FLAG[@]}" \
+    --json "$RESULTS/quickstart.json"
 
 {
     echo "# gpu_check: $("$PYTHON" -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU (smoke)')"), torch $("$PYTHON" -c "import torch; print(torch.__version__)"), $((SECONDS - START)) s"

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.train.step import resolve_precision
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 DATA = next((d for d in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data") if d.is_dir()), None)
@@ -64,15 +66,19 @@ def test_report_is_one_table_of_every_part(tmp_path):
                      "tgt_tokens_per_update": 11000.0}}  # fmt: skip
     ddp = dict(part="ddp", tgt_tokens_per_s=5e4, backend="nccl", world_size=1, updates=5, loss_finite=True)
     decode = dict(part="decode", sentences_per_s=42.0, output_tokens_per_s=3000.0, beam=4, sentences=3003)
+    quick = dict(part="quickstart", device="NVIDIA H200", precision="bf16", updates=600, tgt_tokens_per_s=9e4,
+                 sacrebleu=67.58, seconds=48.2)  # fmt: skip
     failed = {"part": "train_base_compiled", "error": "failed or ran out of 130s"}
-    parts = {"train_big_compiled": train, "ddp": ddp, "decode": decode, "train_base_compiled": failed}
+    parts = {"train_big_compiled": train, "ddp": ddp, "decode": decode, "quickstart": quick,
+             "train_base_compiled": failed}  # fmt: skip
     for name, found in parts.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(found))
     table = _module().report(tmp_path).splitlines()
-    assert table[:2] == ["| part | figure |", "| --- | --- |"] and len(table) == 6
+    assert table[:2] == ["| part | figure |", "| --- | --- |"] and len(table) == 7
     rows = dict(line.strip("| ").split(" | ", 1) for line in table[2:])
     assert rows["train_big_compiled"].startswith("123,456 tgt tok/s, MFU 51.2%, peak memory 20.0 GiB (NVIDIA H200")
     assert "nccl DDP" in rows["ddp"] and rows["decode"].startswith("42.0 sentences/s")
+    assert rows["quickstart"].startswith("sacreBLEU 67.6 on the toy test set after 600 updates on NVIDIA H200 (bf16")
     assert rows["train_base_compiled"].rstrip(" |") == "not measured: failed or ran out of 130s"
 
 
@@ -92,3 +98,11 @@ def test_ddp_part_runs_through_torchrun(tmp_path):
 def test_decode_part_translates_newstest2014(one_thread):
     found = _module().decode_speed(DATA, smoke=True, seconds=30, sentences=6)
     assert found["sentences"] == 6 and found["sentences_per_s"] > 0 and found["beam"] == 4
+
+
+@pytest.mark.slow
+def test_quickstart_part_trains_and_scores(one_thread):
+    found = _module().quickstart(smoke=True)
+    assert found["updates"] == 30 and found["device"].startswith("CPU")  # precision: auto, bf16 on some CPUs
+    assert found["precision"] == resolve_precision("auto", torch.device("cpu"))
+    assert 0.0 <= found["sacrebleu"] <= 100.0 and found["tgt_tokens_per_s"] > 0 and found["seconds"] > 0
