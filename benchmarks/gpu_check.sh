@@ -9,7 +9,7 @@
 #   - base and big (configs/base.yaml, big.yaml, vocabulary 37000) in bf16, eager and compiled
 #     (train.compile with train.pad_to_multiple=8): target tokens/s, MFU, peak memory
 #     (benchmarks/train_throughput.py --impl tmt, synthetic batches of train.max_tokens);
-#   - one update through DDP over NCCL, one process (torchrun --nproc-per-node 1);
+#   - a few updates (5 timed) through DDP over NCCL, one process (torchrun --nproc-per-node 1);
 #   - beam-4 decoding of newstest2014 (wmt14_en_de/ under ../shared/data or shared/data), sentences/s;
 #   - `tmt quickstart` with training on the GPU: the trainer's own loop end to end, and the BLEU it reaches.
 # Figures go to stdout and, with $OUT set, to $OUT/gpu_check/ (one JSON per part and gpu_check.md).

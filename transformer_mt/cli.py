@@ -85,7 +85,7 @@ QuantizeOpt = Annotated[
     Quantize | None,
     typer.Option(
         "--quantize",
-        help="int8: int8 Linear layers (each input row scaled on its own), CPU only, about twice as fast; a "
+        help="int8: int8 Linear layers (each input row scaled on its own), CPU only, 1.3-1.6x as fast as fp32; a "
         "deviation from the paper's fp32 model (BLEU change: benchmarks/README.md). Sets decode.quantize "
         "(default: the checkpoint's, none).",
     ),
