@@ -133,16 +133,16 @@ def decode_speed(data: Path, smoke: bool, seconds: float, sentences: int) -> dic
 def quickstart(smoke: bool) -> dict[str, Any]:
     """`tmt quickstart` in a temporary directory (30 updates with ``smoke``); what it scored, and how fast it trained."""
     from transformer_mt.quickstart import run_quickstart
+    from transformer_mt.runs import read_metrics
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         scores = run_quickstart(Path(tmp), ("train.max_updates=30",) if smoke else ())
-        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text("utf-8").splitlines()]
-    first, last = (next(r for r in records if r["kind"] == kind) for kind in ("start", "end"))
-    train = [r for r in records if r["kind"] == "train"]
+        records = read_metrics(Path(tmp) / "run" / "metrics.jsonl")
+    first, last, train = records["start"][0], records["end"][-1], records["train"][-1]
     return {
         "part": "quickstart", "device": first["device"], "precision": first["precision"], "updates": last["update"],
-        "tgt_tokens_per_s": train[-1]["tgt_tokens_per_s"],
+        "tgt_tokens_per_s": train["tgt_tokens_per_s"],
         "sacrebleu": scores["sacrebleu"]["score"], "seconds": time.perf_counter() - start,
     }  # fmt: skip
 

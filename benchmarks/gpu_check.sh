@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU, at most 8 minutes: what the GPU path of tmt does, in one table.
+# One GPU, about 8 minutes (485 s of time limits): what the GPU path of tmt does, in one table.
 #
 #   benchmarks/gpu_check.sh                 # on a machine with a CUDA device, from the repository root
 #   benchmarks/gpu_check.sh --cpu-smoke     # tiny shapes on the CPU: checks this script, measures nothing
