@@ -166,7 +166,7 @@ def toy_run(prepared_toy, tmp_path_factory) -> Path:
         (last,) = newest_readable(root / "run", 1)
         evaluate_checkpoint(
             [last], testset="toy-test", src=root / "head.en", ref=root / "head.de", output=root / "run" / "eval_toy-test",
-            beam=2, device="cpu",
+            overrides=["decode.beam_size=2"], device="cpu",
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)

@@ -102,6 +102,10 @@ def test_set_values_parse_as_yaml():
 def test_cross_key_validation():
     with pytest.raises(ConfigError, match=r"divisible by model\.heads \(3\); try heads="):
         load_config(None, ["model.heads=3"])
+    with pytest.raises(ConfigError, match=r"model\.heads must be positive, got 0"):  # not a ZeroDivisionError
+        load_config(None, ["model.heads=0"])
+    with pytest.raises(ConfigError, match=r"decode\.len_penalty must be a number"):
+        load_config(None, ["decode.len_penalty=.nan"])
     with pytest.raises(ConfigError, match="would never stop"):
         load_config(None, ["train.max_updates=0"])
     with pytest.raises(ConfigError, match=r"model\.dropout must be in \[0, 1\)"):

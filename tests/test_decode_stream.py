@@ -39,7 +39,7 @@ def lines(prepared_toy: Config) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(toy_ckpt: Path, lines: list[str]) -> list[str]:
-    t = Translator.from_checkpoints([toy_ckpt], device="cpu", beam=2)
+    t = Translator.from_checkpoints([toy_ckpt], device="cpu", overrides=["decode.beam_size=2"])
     t.show_progress = False
     out = t.translate_lines(lines)
     assert len(set(out)) > 3  # the outputs differ, so a line out of order would be noticed

@@ -21,6 +21,7 @@ from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.decode.ensemble import Ensemble
+from transformer_mt.decode.load import LoadError, decode_flags, override_config
 from transformer_mt.decode.translate import (
     TranslateError,
     Translator,
@@ -96,7 +97,7 @@ def test_order_and_empty_lines_kept(translator: Translator, test_lines: list[str
 
 
 def test_small_batches_give_same_output(ckpts: list[Path], test_lines: list[str], translator: Translator) -> None:
-    small = Translator.from_checkpoints(ckpts[:1], device="cpu", batch_tokens=20)
+    small = Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.batch_tokens=20"])
     small.show_progress = False
     assert small.translate_lines(test_lines) == translator.translate_lines(test_lines)
 
@@ -144,7 +145,7 @@ def test_stdin_without_final_newline_and_unicode_separators(ckpts: list[Path], t
 
 
 def test_averaging_on_the_fly(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
-    averaged = Translator.from_checkpoints(ckpts, device="cpu", beam=2)
+    averaged = Translator.from_checkpoints(ckpts, device="cpu", overrides=["decode.beam_size=2"])
     a = torch.load(ckpts[0], weights_only=True)["model"]
     b = torch.load(ckpts[1], weights_only=True)["model"]
     state = averaged.model.state_dict()
@@ -184,8 +185,8 @@ def test_averaging_rejects_different_bpe_models(ckpts: list[Path], toy_cfg: Conf
 
 def test_set_overrides_decode_and_max_positions(ckpts: list[Path]) -> None:
     t = Translator.from_checkpoints(
-        ckpts[:1], device="cpu", beam=2,
-        overrides=["decode.max_len_b=7", "decode.len_penalty_form=fairseq", "model.max_positions=2048"],
+        ckpts[:1], device="cpu",
+        overrides=["decode.beam_size=2", "decode.max_len_b=7", "decode.len_penalty_form=fairseq", "model.max_positions=2048"],
     )  # fmt: skip
     assert (t.cfg.decode.max_len_b, t.cfg.decode.len_penalty_form, t.cfg.decode.beam_size) == (7, "fairseq", 2)
     assert t.cfg.model.max_positions == t.model.positions.max_positions == 2048
@@ -226,7 +227,7 @@ def test_invalid_utf8_names_the_line(ckpts: list[Path], tmp_path: Path) -> None:
 
 
 def test_overlong_line_is_truncated_with_warning(ckpts: list[Path], test_lines: list[str], capsys) -> None:
-    t = Translator.from_checkpoints(ckpts[:1], device="cpu", beam=1)
+    t = Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=["decode.beam_size=1"])
     t.show_progress = False
     t.cfg = dataclasses.replace(t.cfg, model=dataclasses.replace(t.cfg.model, max_positions=24))
     long_line = " ".join(test_lines[:6])
@@ -238,10 +239,31 @@ def test_overlong_line_is_truncated_with_warning(ckpts: list[Path], test_lines: 
 
 
 def test_bad_flags(ckpts: list[Path]) -> None:
-    with pytest.raises(TranslateError, match="cannot exceed the beam size"):
-        Translator.from_checkpoints(ckpts[:1], device="cpu", beam=2, nbest=3)
-    with pytest.raises(TranslateError, match="--beam must be at least 1"):
-        Translator.from_checkpoints(ckpts[:1], device="cpu", beam=0)
+    with pytest.raises(UserError, match=r"decode.nbest \(3\) cannot exceed decode.beam_size \(2\)"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(beam=2, nbest=3))
+    with pytest.raises(UserError, match="decode.beam_size must be positive, got 0"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(beam=0))
+    with pytest.raises(UserError, match="decode.len_penalty"):
+        Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(lenpen=float("nan")))
+    for flags in (["--beam", "2", "--nbest", "3"], ["--beam", "0"], ["--lenpen", "nan"], ["--batch-tokens", "0"]):
+        result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), *flags], input=b"a\n")
+        assert result.exit_code == 2 and result.output.startswith("error: "), (flags, result.output)
+        assert "decode." in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_decode_flags_are_overrides() -> None:
+    assert decode_flags() == []
+    assert decode_flags(beam=2, lenpen=0.5, nbest=1, batch_tokens=100, quantize="int8") == [
+        "decode.beam_size=2", "decode.len_penalty=0.5", "decode.nbest=1", "decode.batch_tokens=100",
+        "decode.quantize=int8",
+    ]  # fmt: skip
+
+
+def test_smaller_beam_shortens_the_stored_nbest(ckpts: list[Path]) -> None:
+    t = Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(beam=4, nbest=3))
+    assert (t.cfg.decode.beam_size, t.cfg.decode.nbest) == (4, 3)
+    cfg = override_config(t.cfg, decode_flags(beam=2))  # a stored n-best of 3 follows the smaller beam
+    assert (cfg.decode.beam_size, cfg.decode.nbest) == (2, 2)
 
 
 def test_empty_output_rule_warns_above_five_percent() -> None:
@@ -316,7 +338,7 @@ def test_an_ensemble_refuses_different_vocabularies(ckpts: list[Path], tmp_path:
     state = torch.load(ckpts[1], weights_only=True)
     state["spm_model"] = state["spm_model"][:-1]
     save_checkpoint(tmp_path / "other_bpe.pt", state)
-    with pytest.raises(TranslateError, match=r"other_bpe\.pt: a different BPE model .* than .*a\.pt; an ensemble"):
+    with pytest.raises(LoadError, match=r"other_bpe\.pt: a different BPE model .* than .*a\.pt; an ensemble"):
         Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu", ensemble=True)
     with pytest.raises(TranslateError, match="--ensemble runs tmt's own search"):
         load_translator([tmp_path / "ct2"], "ctranslate2", ensemble=True)
@@ -329,7 +351,7 @@ def test_cli_ensemble_and_average_flags(ckpts: list[Path], test_lines: list[str]
     assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
     expected = {}
     for ensemble in (False, True):
-        t = Translator.from_checkpoints(ckpts, device="cpu", beam=2, ensemble=ensemble)
+        t = Translator.from_checkpoints(ckpts, device="cpu", overrides=["decode.beam_size=2"], ensemble=ensemble)
         t.show_progress = False
         expected[ensemble] = "".join(line + "\n" for line in t.translate_lines([test_lines[0], "", test_lines[1]]))
     assert runs[()].stdout == runs[("--average",)].stdout == expected[False]  # the default averages the weights

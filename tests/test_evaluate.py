@@ -175,7 +175,9 @@ def test_evaluate_local_files_offline(toy_ckpt: Path, prepared_toy: Config, tmp_
     src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:4]
     ref_lines = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:4]
     src, ref = write(tmp_path / "nt.en", src_lines), write(tmp_path / "nt.de", ref_lines)
-    scores = evaluate_checkpoint([toy_ckpt], testset="newstest2014", src=src, ref=ref, output=tmp_path / "out", beam=2)
+    scores = evaluate_checkpoint(
+        [toy_ckpt], testset="newstest2014", src=src, ref=ref, output=tmp_path / "out", overrides=["decode.beam_size=2"]
+    )
     hyps = (tmp_path / "out" / "hyp.de").read_text(encoding="utf-8").split("\n")
     assert len(hyps) == 5 and hyps[-1] == ""
     saved = json.loads((tmp_path / "out" / "scores.json").read_text())
@@ -193,7 +195,9 @@ def test_evaluate_warns_and_counts_empty_hypotheses(prepared_toy: Config, tmp_pa
     src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:5]
     ref_lines = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:5]
     src, ref = write(tmp_path / "t.en", src_lines), write(tmp_path / "t.de", ref_lines)
-    scores = evaluate_checkpoint([tmp_path / "silent.pt"], src=src, ref=ref, output=tmp_path / "out", beam=1)
+    scores = evaluate_checkpoint(
+        [tmp_path / "silent.pt"], src=src, ref=ref, output=tmp_path / "out", overrides=["decode.beam_size=1"]
+    )
     assert scores["empty_hypotheses"] == 5 and scores["sacrebleu"]["score"] == 0
     assert json.loads((tmp_path / "out" / "scores.json").read_text())["empty_hypotheses"] == 5
     err = capsys.readouterr().err
@@ -305,7 +309,7 @@ def test_evaluate_scores_the_config_split_beside_the_checkpoint(split_ckpt: Path
     assert scores["src"] == str(root / f"{split}.en") and scores["ref"] == str(root / f"{split}.de")
     hyps = (out / "hyp.de").read_text(encoding="utf-8").splitlines()
     expected = evaluate_checkpoint([split_ckpt], src=root / f"{split}.en", ref=root / f"{split}.de",
-                                   output=out.parent / "by_files", beam=2)  # fmt: skip
+                                   output=out.parent / "by_files", overrides=["decode.beam_size=2"])  # fmt: skip
     assert len(hyps) == lines and scores["sacrebleu"] == expected["sacrebleu"]
 
 
@@ -344,7 +348,7 @@ def test_evaluate_ensemble_decodes_the_checkpoints_together(split_ckpt: Path, pr
     assert result.exit_code == 0, result.output
     scores = json.loads((out / "scores.json").read_text())
     assert scores["ensemble"] is True and scores["checkpoints"] == [str(split_ckpt), str(other)]
-    t = Translator.from_checkpoints([split_ckpt, other], device="cpu", beam=2, ensemble=True)
+    t = Translator.from_checkpoints([split_ckpt, other], device="cpu", overrides=["decode.beam_size=2"], ensemble=True)
     t.show_progress = False
     sources = (split_ckpt.parent.parent / "test.en").read_text(encoding="utf-8").splitlines()
     assert (out / "hyp.de").read_text(encoding="utf-8").splitlines() == t.translate_lines(sources)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config
 from transformer_mt.data.bpe import load_bpe
+from transformer_mt.decode.load import decode_flags
 from transformer_mt.decode.search import beam_search, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
 from transformer_mt.errors import UserError
@@ -76,11 +78,13 @@ def toy_lines(prepared_toy: Config) -> list[str]:
     return Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:40]
 
 
-def translate_both(checkpoint: Path, model_dir: Path, lines: list[str], **settings) -> tuple[list[str], list[str]]:
-    """The lines translated by tmt's PyTorch engine and by CTranslate2 on the export."""
+def translate_both(
+    checkpoint: Path, model_dir: Path, lines: list[str], overrides: Sequence[str] = (), **flags
+) -> tuple[list[str], list[str]]:
+    """The lines translated by tmt's PyTorch engine and by CTranslate2 on the export; ``flags``: `decode_flags`."""
     outputs = []
     for engine, paths in (("pytorch", [checkpoint]), ("ctranslate2", [model_dir])):
-        translator = load_translator(paths, engine, device="cpu", **settings)
+        translator = load_translator(paths, engine, device="cpu", overrides=[*overrides, *decode_flags(**flags)])
         translator.show_progress = False
         outputs.append(translator.translate_lines(lines))
     return outputs[0], outputs[1]

@@ -450,7 +450,7 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
 
     # the logged figure is what `tmt evaluate` would compute: the same weights, beam 1, sacreBLEU
-    translator = Translator.from_checkpoints([run / BEST_NAME], device="cpu", beam=1)
+    translator = Translator.from_checkpoints([run / BEST_NAME], device="cpu", overrides=["decode.beam_size=1"])
     translator.show_progress = False
     sources, refs = _valid_sentences(prepared_toy, 12)
     assert corpus_sacrebleu(translator.translate_lines(sources), refs)["score"] == max(bleus)

@@ -18,6 +18,7 @@ import torch
 
 from transformer_mt.data.bpe import BOS, EOS
 from transformer_mt.data.clean import normalize
+from transformer_mt.decode.load import load_model
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.plots import AttentionPanel
@@ -53,10 +54,10 @@ def sentence_attention(
 ) -> SentenceAttention:  # fmt: skip
     """Run ``text`` (and ``target``, or the model's translation of ``text``) through the checkpoint's model and
     return layer ``layer`` (1-based; default `default_layer`) of the ``kind`` attention, every head."""
-    translator = Translator.from_checkpoints([checkpoint], device=device, overrides=["decode.quantize=none"])
+    loaded = load_model([checkpoint], device=device, overrides=["decode.quantize=none"])
+    model, bpe = loaded.model, loaded.bpe
+    translator = Translator(model, bpe, loaded.config, loaded.device)  # the model's own translation, when needed
     translator.show_progress = False
-    model, bpe = translator.model, translator.bpe
-    assert model is not None
     layers = model.cfg.encoder_layers if kind == "encoder" else model.cfg.decoder_layers
     layer = default_layer(layers) if layer is None else layer
     if not 1 <= layer <= layers:

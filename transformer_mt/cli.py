@@ -123,9 +123,12 @@ CombineOpt = Annotated[
 ]
 
 
-def decode_overrides(set_: list[str] | None, quantize: Quantize | None) -> list[str]:
-    """The --set texts of translate/evaluate, with --quantize as one more (applied last)."""
-    return [*(set_ or []), *([f"decode.quantize={quantize.value}"] if quantize is not None else [])]
+def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags: int | float | None) -> list[str]:
+    """The --set texts of translate/evaluate/serve, then the decoding flags as the decode.* keys they set (applied
+    last: a flag wins over --set), so that the checkpoint's config is changed and validated in one place."""
+    from transformer_mt.decode.load import decode_flags
+
+    return [*(set_ or []), *decode_flags(**flags, quantize=None if quantize is None else quantize.value)]
 
 
 def load(config: Path, overrides: list[str] | None, show: bool = True) -> Config:
@@ -368,10 +371,8 @@ def translate(
     from transformer_mt.decode.translate import translate_file
     from transformer_mt.files import check_output_file
 
-    settings = dict(
-        beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, device=device,
-        overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
-    )  # fmt: skip
+    overrides = decode_overrides(set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
     if output is not None:
         check_output_file(output, example="translations.txt")
     terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
@@ -447,8 +448,8 @@ def evaluate(
     from transformer_mt.evaluate import evaluate_checkpoint
 
     evaluate_checkpoint(
-        checkpoint, testset=testset, src=src, ref=ref, output=output, beam=beam, lenpen=lenpen, device=device,
-        overrides=decode_overrides(set_, quantize), engine=engine.value, ensemble=ensemble,
+        checkpoint, testset=testset, src=src, ref=ref, output=output, device=device,
+        overrides=decode_overrides(set_, quantize, beam=beam, lenpen=lenpen), engine=engine.value, ensemble=ensemble,
     )  # fmt: skip
 
 

@@ -301,11 +301,6 @@ def validate(cfg: Config) -> None:
     """Checks across keys that no single type can express."""
     _validate_data(cfg.data)
     m = cfg.model
-    if m.d_model % m.heads:
-        raise ConfigError(
-            f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads}); "
-            f"try heads={_divisor_near(m.d_model, m.heads)}"
-        )
     positive = {
         "model.d_model": m.d_model,
         "model.d_ff": m.d_ff,
@@ -328,6 +323,11 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if m.d_model % m.heads:
+        raise ConfigError(
+            f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads}); "
+            f"try heads={_divisor_near(m.d_model, m.heads)}"
+        )
     if m.d_k < 0:
         raise ConfigError(f"model.d_k must be 0 (d_model/heads = {m.d_model // m.heads}) or a width, got {m.d_k}")
     for key, p in {
@@ -376,6 +376,8 @@ def _validate_decode(d: DecodeConfig) -> None:
     """The longest output, max_len_a x source length + max_len_b, and the n-gram size cannot be negative."""
     if not (math.isfinite(d.max_len_a) and d.max_len_a >= 0):
         raise ConfigError(f"decode.max_len_a must be 0 or more (the paper: 1), got {d.max_len_a}")
+    if not math.isfinite(d.len_penalty):
+        raise ConfigError(f"decode.len_penalty must be a number (the paper: 0.6; 0: none), got {d.len_penalty}")
     if d.max_len_b < 0:
         raise ConfigError(f"decode.max_len_b must be 0 or more (the paper: 50), got {d.max_len_b}")
     if d.no_repeat_ngram < 0:

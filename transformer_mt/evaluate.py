@@ -199,8 +199,6 @@ def evaluate_checkpoint(
     src: str | Path | None = None,
     ref: str | Path | None = None,
     output: str | Path | None = None,
-    beam: int | None = None,
-    lenpen: float | None = None,
     device: str | None = None,
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
@@ -212,8 +210,8 @@ def evaluate_checkpoint(
     checkpoint config's own split (`config_split`). ``output`` defaults to
     ``eval_<name>`` beside the first checkpoint. With ``--src``/``--ref`` a
     test set name, if given, only labels the results. ``overrides`` are
-    ``--set`` texts for the checkpoint's config (see
-    `transformer_mt.decode.translate.override_config`). ``engine`` and
+    ``--set`` texts for the checkpoint's config, the decoding flags included (see
+    `transformer_mt.decode.load.override_config`); the n-best size is 1. ``engine`` and
     ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
     """
     from transformer_mt.decode.translate import empty_outputs, load_translator
@@ -222,9 +220,7 @@ def evaluate_checkpoint(
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if testset is not None and src is None and testset not in CONFIG_SPLITS:
         check_testset_name(testset)  # before loading any model
-    translator = load_translator(
-        checkpoints, engine, ensemble, device=device, beam=beam, lenpen=lenpen, nbest=1, overrides=overrides
-    )
+    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
     data = translator.cfg.data
     src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
     sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")

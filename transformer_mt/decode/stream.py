@@ -76,11 +76,8 @@ def translate_stream(translator: Translator, input: str | Path | None, buffer_li
 
 def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
-    ensemble: bool = False, **settings: object,
+    ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
 ) -> int:  # fmt: skip
-    """Load the model first, so that it is ready for the first line, then `translate_stream`.
-
-    ``settings``: those of `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
-    """
-    translator = load_translator(checkpoints, engine, ensemble=ensemble, **settings)
+    """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`."""
+    translator = load_translator(checkpoints, engine, ensemble, device, overrides)
     return translate_stream(translator, input, buffer_lines)

@@ -18,36 +18,25 @@ by length.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sentencepiece as spm
 import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, read_average
-from transformer_mt.config import (
-    Config,
-    ConfigError,
-    DecodeConfig,
-    apply_override,
-    config_from_dict,
-    parse_override,
-    validate,
-)
+from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.batching import batches_by_tokens
-from transformer_mt.data.bpe import EOS, PAD, load_bpe, load_bpe_bytes
+from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.ensemble import Ensemble
+from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
-from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer
 
 
@@ -62,61 +51,6 @@ class Translation:
     text: str
     score: float
     log_prob: float
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_device(name: str | torch.device | None, default: str | None = None) -> torch.device:
-    """``--device`` as a torch device, refused here when this machine cannot run it (before any model loads).
-
-    torch would accept ``cuda`` on a build without CUDA and fail on the
-    first tensor moved, in an assertion about how it was compiled.
-    """
-    try:
-        device = torch.device(name or default or default_device())
-    except RuntimeError:
-        raise TranslateError(f"--device {name}: not a device torch knows; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TranslateError(f"--device {name}: this machine has no CUDA GPU that torch can use; use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise TranslateError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), from cuda:0")
-    return device
-
-
-def load_state(paths: Sequence[Path]) -> Checkpoint:
-    """The checkpoint of ``paths``, averaged by `read_average` when there are several (what `tmt average` writes).
-
-    Config and BPE model come from the newest input (highest update); a file
-    without them is refused by `read_checkpoint`, naming the file and the entry.
-    """
-    return read_average(paths)
-
-
-def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
-    """``cfg`` with ``--set section.key=value`` overrides applied: only ``decode.*`` and ``model.max_positions``.
-
-    Every other key is fixed by the trained weights or the data they were
-    trained on. Sinusoidal positions are computed, not stored, so a trained
-    model accepts any ``max_positions``; learned positions cannot change.
-    """
-    for text in overrides:
-        section, key, _ = parse_override(text)
-        if section != "decode" and f"{section}.{key}" != "model.max_positions":
-            raise ConfigError(
-                f"--set {text}: a trained checkpoint only takes decode.* keys and model.max_positions; "
-                "the other keys are fixed by its weights"
-            )
-        changed = apply_override(cfg, text)
-        if changed.model.max_positions != cfg.model.max_positions and cfg.model.positions == "learned":
-            raise ConfigError(
-                f"--set {text}: this checkpoint has learned positions (one trained vector per position), so "
-                f"model.max_positions stays {cfg.model.max_positions}"
-            )
-        cfg = changed
-    validate(cfg)
-    return cfg
 
 
 BatchSearch = Callable[[list[list[int]], int], list[list[Hypothesis]]]
@@ -152,10 +86,6 @@ class Translator:
         cls,
         paths: Sequence[str | Path],
         device: str | torch.device | None = None,
-        beam: int | None = None,
-        lenpen: float | None = None,
-        nbest: int | None = None,
-        batch_tokens: int | None = None,
         overrides: Sequence[str] = (),
         ensemble: bool = False,
     ) -> Translator:
@@ -164,20 +94,16 @@ class Translator:
 
         Decoding settings come from the config stored in the (newest; with
         ``ensemble``, the first) checkpoint, then ``overrides`` (``--set``
-        texts, see `override_config`), then the arguments that are not None.
+        texts, and the decoding flags as `decode_flags` spells them; see
+        `override_config`). The model decodes with `for_decoding`'s layers.
         """
-        paths = [Path(p) for p in paths]
-        if not paths:
-            raise TranslateError("no checkpoint given; pass one or more with -c CHECKPOINT")
-        device = resolve_device(device)
         if ensemble and len(paths) > 1:
-            models, cfg, spm_model = load_ensemble(paths, overrides, device)
-            model: Transformer | Ensemble = Ensemble(models)
-        else:
-            ck = load_state(paths)
-            cfg, spm_model = _checkpoint_config(ck, paths, overrides), ck.spm_model
-            model = _load_model(ck, cfg, paths[0], device)
-        return cls(model, load_bpe_bytes(spm_model), set_decode(cfg, beam, lenpen, nbest, batch_tokens), device)
+            members = load_ensemble(paths, device, overrides)
+            first = members[0]
+            model: Transformer | Ensemble = Ensemble([for_decoding(m.model, m.config) for m in members])
+            return cls(model, first.bpe, first.config, first.device)
+        loaded = load_model(paths, device, overrides)
+        return cls(for_decoding(loaded.model, loaded.config), loaded.bpe, loaded.config, loaded.device)
 
     @classmethod
     def from_ctranslate2(
@@ -185,12 +111,10 @@ class Translator:
         paths: Sequence[str | Path],
         device: str | torch.device | None = None,
         overrides: Sequence[str] = (),
-        **flags: Any,
     ) -> Translator:
         """A directory of `tmt export ctranslate2`, searched by CTranslate2 (`decode.ctranslate2_engine`).
 
-        Settings as in `from_checkpoints` (``flags``: beam, lenpen, nbest,
-        batch_tokens), from the exported config; its position table is fixed.
+        Settings as in `from_checkpoints`, from the exported config; its position table is fixed.
         """
         from transformer_mt.decode.ctranslate2_engine import (
             SPM_MODEL,
@@ -201,7 +125,7 @@ class Translator:
 
         try:
             directory = model_directory(paths)
-            cfg = set_decode(_exported_config(directory, overrides), **flags)
+            cfg = _exported_config(directory, overrides)
             bpe = load_bpe(directory / SPM_MODEL)
             device = resolve_device(device, default="cpu")
             return cls(None, bpe, cfg, device, search=CTranslate2Search(directory, cfg, bpe, device))
@@ -271,88 +195,6 @@ class Translator:
         )  # fmt: skip
 
 
-def set_decode(
-    cfg: Config,
-    beam: int | None = None,
-    lenpen: float | None = None,
-    nbest: int | None = None,
-    batch_tokens: int | None = None,
-) -> Config:
-    """``cfg`` with the decoding flags of translate/evaluate that are not None (after ``--set``)."""
-    return dataclasses.replace(cfg, decode=_override(cfg.decode, beam, lenpen, nbest, batch_tokens))
-
-
-def _override(
-    d: DecodeConfig, beam: int | None, lenpen: float | None, nbest: int | None, batch_tokens: int | None
-) -> DecodeConfig:
-    changes = {"beam_size": beam, "len_penalty": lenpen, "nbest": nbest, "batch_tokens": batch_tokens}
-    d = dataclasses.replace(d, **{k: v for k, v in changes.items() if v is not None})
-    if nbest is None and beam is not None:
-        d = dataclasses.replace(d, nbest=min(d.nbest, d.beam_size))  # a smaller --beam also shortens the saved n-best
-    for flag, value in (("--beam", d.beam_size), ("--batch-tokens", d.batch_tokens), ("--nbest", d.nbest)):
-        if value < 1:
-            raise TranslateError(f"{flag} must be at least 1, got {value}")
-    if d.nbest > d.beam_size:
-        raise TranslateError(f"--nbest {d.nbest} cannot exceed the beam size ({d.beam_size}); raise --beam")
-    return d
-
-
-def load_ensemble(
-    paths: Sequence[Path], overrides: Sequence[str], device: torch.device
-) -> tuple[list[Transformer], Config, bytes]:
-    """The models of ``paths``, each whole, for an `Ensemble`; the config to decode with; their BPE model.
-
-    Every checkpoint must hold the same BPE model: the ensemble averages the
-    models' log-probabilities token id by token id. Each model keeps its own
-    shape. Decoding settings are the first checkpoint's (and ``overrides``,
-    applied to each); the longest input is the smallest model.max_positions.
-    """
-    checkpoints = [load_state([path]) for path in paths]
-    for path, ck in zip(paths[1:], checkpoints[1:], strict=True):
-        if ck.spm_model != checkpoints[0].spm_model:
-            raise TranslateError(
-                f"{path}: a different BPE model (vocabulary) than {paths[0]}; an ensemble averages the models' "
-                "log-probabilities token by token, so its models must share one vocabulary: ensemble models "
-                "trained on the same prepared data (data.dir)"
-            )
-    configs = [_checkpoint_config(ck, [path], overrides) for path, ck in zip(paths, checkpoints, strict=True)]
-    first = configs[0]
-    positions = min(c.model.max_positions for c in configs)
-    cfg = dataclasses.replace(first, model=dataclasses.replace(first.model, max_positions=positions))
-    models = [
-        _load_model(ck, dataclasses.replace(c, decode=first.decode), path, device)
-        for path, ck, c in zip(paths, checkpoints, configs, strict=True)
-    ]
-    return models, cfg, checkpoints[0].spm_model
-
-
-def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:
-    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a ConfigError naming ``paths``."""
-    return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
-
-
-def _load_model(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> Transformer:
-    """The model of ``ck`` as ``cfg`` describes it, on ``device``; int8 when ``decode.quantize`` says so, and
-    in fp32 on the CPU with oneDNN's Linear layers (`transformer_mt.model.onednn`)."""
-    model = _build_model(cfg, ck.model, load_bpe_bytes(ck.spm_model), path).to(device)
-    return _quantize_int8(model) if cfg.decode.quantize == "int8" else use_onednn_linears(model)
-
-
-def _build_model(
-    cfg: Config, params: dict[str, torch.Tensor], bpe: spm.SentencePieceProcessor, path: Path
-) -> Transformer:
-    vocab = bpe.get_piece_size()
-    model = Transformer(cfg.model, vocab, pad_id=PAD)
-    try:
-        model.load_state_dict(params)
-    except RuntimeError as err:
-        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise TranslateError(
-            f"{path}: the weights do not fit the model its config describes (vocabulary {vocab}): {first}"
-        ) from None
-    return model
-
-
 def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
     """The tmt config stored by `tmt export ctranslate2`, with ``--set`` overrides; its position table is fixed."""
     from transformer_mt.decode.ctranslate2_engine import TMT_CONFIG
@@ -370,13 +212,6 @@ def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
             "with a larger model.max_positions to change it"
         )
     return cfg
-
-
-def _quantize_int8(model: Transformer) -> Transformer:
-    """`decode.quantize: int8`: the int8 copy of `transformer_mt.model.quantize` (CPU only)."""
-    from transformer_mt.model.quantize import quantize_int8
-
-    return quantize_int8(model)
 
 
 # -- files
@@ -450,13 +285,17 @@ ENGINES = ("pytorch", "ctranslate2")
 
 
 def load_translator(
-    paths: Sequence[str | Path], engine: str = "pytorch", ensemble: bool = False, **settings: Any
+    paths: Sequence[str | Path],
+    engine: str = "pytorch",
+    ensemble: bool = False,
+    device: str | torch.device | None = None,
+    overrides: Sequence[str] = (),
 ) -> Translator:
     """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
 
     ``ensemble``: several checkpoints decode together instead of being
-    averaged (tmt's search only). ``settings`` are those of
-    `Translator.from_checkpoints` (device, beam, lenpen, nbest, batch_tokens, overrides).
+    averaged (tmt's search only). ``overrides``: ``--set`` texts, the
+    decoding flags included (`decode_flags`).
     """
     if engine == "ctranslate2":
         if ensemble:
@@ -464,10 +303,10 @@ def load_translator(
                 "--ensemble runs tmt's own search over tmt checkpoints (--engine pytorch); --engine ctranslate2 "
                 "decodes one exported model"
             )
-        return Translator.from_ctranslate2(paths, **settings)
+        return Translator.from_ctranslate2(paths, device, overrides)
     if engine != "pytorch":
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    return Translator.from_checkpoints(paths, ensemble=ensemble, **settings)
+    return Translator.from_checkpoints(paths, device, overrides, ensemble=ensemble)
 
 
 def write_stdout(lines: Sequence[str]) -> None:
@@ -487,10 +326,6 @@ def translate_file(
     checkpoints: Sequence[str | Path],
     input: str | Path | None = None,
     output: str | Path | None = None,
-    beam: int | None = None,
-    lenpen: float | None = None,
-    nbest: int | None = None,
-    batch_tokens: int | None = None,
     device: str | None = None,
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
@@ -502,10 +337,7 @@ def translate_file(
     `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
     """
     lines = read_input_lines(input)
-    translator = load_translator(
-        checkpoints, engine, ensemble=ensemble, device=device, beam=beam, lenpen=lenpen, nbest=nbest,
-        batch_tokens=batch_tokens, overrides=overrides,
-    )  # fmt: skip
+    translator = load_translator(checkpoints, engine, ensemble, device, overrides)
     k = translator.cfg.decode.nbest
     results = translator.translate_lines_nbest(lines, nbest=k)
     best = [hyps[0].text for hyps in results]

@@ -32,6 +32,7 @@ from pathlib import Path
 from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
+from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_open, check_output_file
 
@@ -52,8 +53,6 @@ def export_ctranslate2(
     (the same), float16 or bfloat16 (for GPUs). An existing ``out`` is
     replaced only with ``force``.
     """
-    from transformer_mt.decode.translate import Translator
-
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     out = Path(out)
@@ -62,15 +61,15 @@ def export_ctranslate2(
     ct2 = require_ctranslate2()
     from transformer_mt.export.ctranslate2_spec import TmtConverter
 
-    # the fp32 model whatever its decode.quantize says: CTranslate2 quantizes on its own
-    translator = Translator.from_checkpoints(checkpoints, device="cpu", overrides=["decode.quantize=none"])
-    check_exportable(translator.cfg.model)
+    # the fp32 model as trained, whatever its decode.quantize says: CTranslate2 quantizes on its own
+    loaded = load_model(checkpoints, device="cpu", overrides=["decode.quantize=none"])
+    check_exportable(loaded.config.model)
     with atomic_directory(out) as tmp:
-        converter = TmtConverter(translator.model, pieces_of(translator.bpe))
+        converter = TmtConverter(loaded.model, pieces_of(loaded.bpe))
         # The directory is ours and empty: CTranslate2 may recreate it (force=True).
         converter.convert(str(tmp), quantization=None if quantization == "float32" else quantization, force=True)
-        (tmp / SPM_MODEL).write_bytes(translator.bpe.serialized_model_proto())
-        (tmp / TMT_CONFIG).write_text(translator.cfg.to_yaml(), encoding="utf-8")
+        (tmp / SPM_MODEL).write_bytes(loaded.spm_model)
+        (tmp / TMT_CONFIG).write_text(loaded.config.to_yaml(), encoding="utf-8")
         if not ct2.contains_model(str(tmp)):
             raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
     return out

@@ -1,0 +1,194 @@
+"""One way from checkpoint files to a model: every decode path (translate, evaluate, serve, export, attention
+maps, ensembles, streaming) loads through `load_model` or `load_ensemble`.
+
+`load_model` gives the fp32 `Transformer` exactly as trained (plain
+``nn.Linear`` layers, eval mode), its config with the user's ``decode.*``
+overrides applied and validated once, and its BPE model. What a decoder
+swaps in for speed (int8 or oneDNN Linear layers, `for_decoding`) is a
+separate step, so that an export or an attention map never sees those
+layers. Decoding flags (``--beam``, ``--lenpen``, ``--nbest``,
+``--batch-tokens``, ``--quantize``) are ``--set decode.*`` overrides
+(`decode_flags`), so a rule such as nbest <= beam is checked in one place,
+`transformer_mt.config.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+
+from transformer_mt.checkpoint import Checkpoint, read_average
+from transformer_mt.config import Config, ConfigError, apply_override, config_from_dict, parse_override, validate
+from transformer_mt.data.bpe import PAD, load_bpe_bytes
+from transformer_mt.errors import UserError
+from transformer_mt.model.onednn import use_onednn_linears
+from transformer_mt.model.transformer import Transformer
+
+
+class LoadError(UserError):
+    """A checkpoint, device or override a user can fix; the message names the file or flag and the fix."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A trained model as its checkpoint holds it: fp32 weights in eval mode, on ``device``."""
+
+    model: Transformer
+    config: Config
+    bpe: spm.SentencePieceProcessor
+    spm_model: bytes  # the sentencepiece model's bytes (what exports write out)
+    device: torch.device
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(name: str | torch.device | None, default: str | None = None) -> torch.device:
+    """``--device`` as a torch device, refused here when this machine cannot run it (before any model loads).
+
+    torch would accept ``cuda`` on a build without CUDA and fail on the
+    first tensor moved, in an assertion about how it was compiled.
+    """
+    try:
+        device = torch.device(name or default or default_device())
+    except RuntimeError:
+        raise LoadError(f"--device {name}: not a device torch knows; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LoadError(f"--device {name}: this machine has no CUDA GPU that torch can use; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise LoadError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), from cuda:0")
+    return device
+
+
+def decode_flags(
+    beam: int | None = None,
+    lenpen: float | None = None,
+    nbest: int | None = None,
+    batch_tokens: int | None = None,
+    quantize: str | None = None,
+) -> list[str]:
+    """The ``--set decode.*`` texts that the decoding flags stand for (those not None), in that order."""
+    flags = {"beam_size": beam, "len_penalty": lenpen, "nbest": nbest, "batch_tokens": batch_tokens}
+    flags["quantize"] = quantize
+    return [f"decode.{key}={value}" for key, value in flags.items() if value is not None]
+
+
+def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
+    """``cfg`` with ``--set section.key=value`` overrides applied: only ``decode.*`` and ``model.max_positions``.
+
+    Every other key is fixed by the trained weights or the data they were
+    trained on. Sinusoidal positions are computed, not stored, so a trained
+    model accepts any ``max_positions``; learned positions cannot change. A
+    smaller ``decode.beam_size`` without a ``decode.nbest`` also shortens the
+    stored n-best list to the beam. The result is validated once, here.
+    """
+    stored_nbest, nbest_given = cfg.decode.nbest, False
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if section != "decode" and f"{section}.{key}" != "model.max_positions":
+            raise ConfigError(
+                f"--set {text}: a trained checkpoint only takes decode.* keys and model.max_positions; "
+                "the other keys are fixed by its weights"
+            )
+        nbest_given = nbest_given or f"{section}.{key}" == "decode.nbest"
+        changed = apply_override(cfg, text)
+        if changed.model.max_positions != cfg.model.max_positions and cfg.model.positions == "learned":
+            raise ConfigError(
+                f"--set {text}: this checkpoint has learned positions (one trained vector per position), so "
+                f"model.max_positions stays {cfg.model.max_positions}"
+            )
+        cfg = changed
+    if not nbest_given:
+        cfg = dataclasses.replace(
+            cfg, decode=dataclasses.replace(cfg.decode, nbest=min(stored_nbest, cfg.decode.beam_size))
+        )
+    validate(cfg)
+    return cfg
+
+
+def load_model(
+    paths: Sequence[str | Path], device: str | torch.device | None = None, overrides: Sequence[str] = ()
+) -> LoadedModel:
+    """The model of ``paths`` (several are averaged, exactly as `tmt average` does), fp32, eval mode, on ``device``.
+
+    Config and BPE model come from the newest input (highest update), with
+    ``overrides`` (see `override_config`). A file that is not a checkpoint
+    is refused by `read_checkpoint`, naming the file and the entry.
+    """
+    paths = _paths(paths)
+    device = resolve_device(device)
+    ck = read_average(paths)
+    cfg = _checkpoint_config(ck, paths, overrides)
+    return _loaded(ck, cfg, paths[0], device)
+
+
+def load_ensemble(
+    paths: Sequence[str | Path], device: str | torch.device | None = None, overrides: Sequence[str] = ()
+) -> list[LoadedModel]:
+    """The models of ``paths``, each whole, to decode together (`transformer_mt.decode.ensemble.Ensemble`).
+
+    Every checkpoint must hold the same BPE model: an ensemble averages the
+    models' log-probabilities token id by token id. Each model keeps its own
+    shape. Every returned config decodes with the first checkpoint's
+    settings (and ``overrides``, applied to each); its max_positions is the
+    smallest of the models'.
+    """
+    paths = _paths(paths)
+    device = resolve_device(device)
+    checkpoints = [read_average([path]) for path in paths]
+    for path, ck in zip(paths[1:], checkpoints[1:], strict=True):
+        if ck.spm_model != checkpoints[0].spm_model:
+            raise LoadError(
+                f"{path}: a different BPE model (vocabulary) than {paths[0]}; an ensemble averages the models' "
+                "log-probabilities token by token, so its models must share one vocabulary: ensemble models "
+                "trained on the same prepared data (data.dir)"
+            )
+    configs = [_checkpoint_config(ck, [path], overrides) for path, ck in zip(paths, checkpoints, strict=True)]
+    decode, positions = configs[0].decode, min(c.model.max_positions for c in configs)
+    configs = [
+        dataclasses.replace(c, decode=decode, model=dataclasses.replace(c.model, max_positions=positions))
+        for c in configs
+    ]
+    return [_loaded(ck, c, path, device) for path, ck, c in zip(paths, checkpoints, configs, strict=True)]
+
+
+def for_decoding(model: Transformer, cfg: Config) -> Transformer:
+    """``model`` with the Linear layers that decode fastest: int8 when ``decode.quantize`` says so, else (fp32 on
+    an x86-64 CPU) oneDNN's (`transformer_mt.model.onednn`); the same outputs either way for fp32."""
+    if cfg.decode.quantize == "int8":
+        from transformer_mt.model.quantize import quantize_int8
+
+        return quantize_int8(model)
+    return use_onednn_linears(model)
+
+
+def _paths(paths: Sequence[str | Path]) -> list[Path]:
+    if not paths:
+        raise LoadError("no checkpoint given; pass one or more with -c CHECKPOINT")
+    return [Path(p) for p in paths]
+
+
+def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:
+    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a ConfigError naming ``paths``."""
+    return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
+
+
+def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> LoadedModel:
+    bpe = load_bpe_bytes(ck.spm_model)
+    vocab = bpe.get_piece_size()
+    model = Transformer(cfg.model, vocab, pad_id=PAD)
+    try:
+        model.load_state_dict(ck.model)
+    except RuntimeError as err:
+        lines = str(err).splitlines()
+        first = lines[1].strip() if len(lines) > 1 else str(err)
+        raise LoadError(
+            f"{path}: the weights do not fit the model its config describes (vocabulary {vocab}): {first}"
+        ) from None
+    return LoadedModel(model.to(device).eval(), cfg, bpe, ck.spm_model, device)
