@@ -21,6 +21,7 @@ from transformer_mt.data.clean import normalize
 from transformer_mt.decode.load import load_model
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
+from transformer_mt.model.transformer import Transformer
 from transformer_mt.plots import AttentionPanel
 
 Kind = Literal["encoder", "decoder", "cross"]
@@ -55,13 +56,24 @@ def sentence_attention(
     """Run ``text`` (and ``target``, or the model's translation of ``text``) through the checkpoint's model and
     return layer ``layer`` (1-based; default `default_layer`) of the ``kind`` attention, every head."""
     loaded = load_model([checkpoint], device=device, overrides=["decode.quantize=none"])
-    model, bpe = loaded.model, loaded.bpe
-    translator = Translator(model, bpe, loaded.config, loaded.device)  # the model's own translation, when needed
+    translator = Translator(loaded.model, loaded.bpe, loaded.config, loaded.device)
+    return translator_attention(translator, text, kind, layer, target, name=str(checkpoint))
+
+
+def translator_attention(
+    translator: Translator, text: str, kind: Kind = "encoder", layer: int | None = None, target: str | None = None,
+    name: str = "",
+) -> SentenceAttention:  # fmt: skip
+    """`sentence_attention` with the model of ``translator`` (tmt's own engine), already loaded: `tmt serve`'s
+    heat map. ``name`` ends the panel's title (the checkpoint)."""
+    model, bpe = translator.model, translator.bpe
+    if not isinstance(model, Transformer):
+        raise AttentionError("attention maps need one tmt model (--engine pytorch, no --ensemble)")
     translator.show_progress = False
     layers = model.cfg.encoder_layers if kind == "encoder" else model.cfg.decoder_layers
     layer = default_layer(layers) if layer is None else layer
     if not 1 <= layer <= layers:
-        raise AttentionError(f"--layer {layer}: the {kind} of {checkpoint} has layers 1 to {layers}")
+        raise AttentionError(f"--layer {layer}: the {kind} of {name or 'the model'} has layers 1 to {layers}")
     src = translator.encode(0, text)
     if not src:
         raise AttentionError("--text is empty (after normalization); give the sentence to draw")
@@ -77,5 +89,5 @@ def sentence_attention(
         [bpe.id_to_piece(i) for i in ids] for ids in (src, [BOS, *tgt], [*tgt, EOS])
     )  # fmt: skip
     queries, keys = {"encoder": (source, source), "decoder": (tgt_in, tgt_in), "cross": (tgt_out, source)}[kind]
-    title = f"{DESCRIBED[kind]}, layer {layer} of {layers}, {weights.shape[0]} heads: {checkpoint}"
+    title = f"{DESCRIBED[kind]}, layer {layer} of {layers}, {weights.shape[0]} heads: {name}"
     return SentenceAttention(AttentionPanel(title, weights, queries, keys), target)

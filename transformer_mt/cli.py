@@ -53,6 +53,7 @@ app = typer.Typer(
         "  tmt average runs/X --last 5        average the last checkpoints\n\n"
         "  tmt translate -c avg.pt < in.txt   beam search, line by line\n\n"
         "  tmt evaluate newstest2014 -c avg.pt  sacreBLEU and the paper's BLEU\n\n"
+        "  tmt serve -c avg.pt --port 8000    HTTP and WebSocket API, a demo page\n\n"
         "  tmt export ctranslate2 -c avg.pt -o DIR  a CTranslate2 model directory\n\n"
         "  tmt export spm -c avg.pt -o spm.model    its BPE model, to prepare new data (bpe.model)\n\n"
         "The paper's tables and figures:\n\n"
@@ -450,6 +451,76 @@ def evaluate(
     evaluate_checkpoint(
         checkpoint, testset=testset, src=src, ref=ref, output=output, device=device,
         overrides=decode_overrides(set_, quantize, beam=beam, lenpen=lenpen), engine=engine.value, ensemble=ensemble,
+    )  # fmt: skip
+
+
+@app.command()
+def serve(
+    checkpoint: Annotated[
+        list[Path],
+        typer.Option(
+            "--checkpoint",
+            "-c",
+            help="Checkpoint of `tmt train` or `tmt average` (several -c are averaged); with --engine ctranslate2, "
+            "a `tmt export ctranslate2` directory.",
+        ),
+    ],  # fmt: skip
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; 0.0.0.0 for every interface (behind a proxy).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", help="TCP port to listen on.")] = 8000,
+    engine: EngineOpt = Engine.pytorch,
+    quantize: QuantizeOpt = None,
+    max_batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-batch-tokens",
+            help="Source tokens the worker gathers from concurrent requests into one round, and the padded tokens "
+            "per beam-search batch (decode.batch_tokens; default: the checkpoint's).",
+        ),
+    ] = None,
+    max_wait_ms: Annotated[
+        float,
+        typer.Option(
+            "--max-wait-ms", help="How long the worker waits for more requests to batch with the oldest one (ms)."
+        ),
+    ] = 10.0,
+    queue: Annotated[
+        int, typer.Option("--queue", help="Requests that may wait for the worker; beyond, 429 with Retry-After.")
+    ] = 256,
+    max_lines: Annotated[int, typer.Option("--max-lines", help="Lines one request may send (413 beyond).")] = 256,
+    max_chars: Annotated[
+        int, typer.Option("--max-chars", help="Characters one request may send, all lines together (413 beyond).")
+    ] = 20_000,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
+    ] = None,
+) -> None:
+    """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
+
+    POST /translate takes LibreTranslate's requests ({"q": "text" or [...],
+    "source": "en", "target": "de", "alternatives": 0}), so its clients work
+    unchanged; POST /v1/translate is tmt's own ({"sources": [...], "beam",
+    "nbest", "len_penalty"}: translation, score and n-best per line); GET
+    /languages, GET /health; WS /ws: one line in, its translation out, in
+    order. One worker owns the model and batches the lines of concurrent
+    requests; each line's translation equals `tmt translate`'s. SIGTERM or
+    Ctrl-C answers what is in flight, then exits 0. Needs the serve extra:
+    pip install "transformer_mt\\[serve]".
+
+    Example: tmt serve -c quickstart/run/average.pt --port 8000, then open http://127.0.0.1:8000/ or
+    curl -s localhost:8000/translate -H 'Content-Type: application/json' -d '{"q": "The cat sat.", "source": "en", "target": "de"}'
+    """
+    from transformer_mt.serve import serve as run_server
+
+    run_server(
+        checkpoint, host=host, port=port, engine=engine.value, device=device,
+        overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
+        queue_size=queue, max_lines=max_lines, max_chars=max_chars,
     )  # fmt: skip
 
 

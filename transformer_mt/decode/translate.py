@@ -18,6 +18,7 @@ by length.
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,25 @@ class Translator:
         self.cfg = cfg
         self.device = torch.device(device)
         self.show_progress = True
-        self.search = self._beam_search if search is None else search
+        self.engine_search = search  # None: tmt's own beam search over ``model``
+
+    def with_decode(self, overrides: Sequence[str]) -> Translator:
+        """This translator (the same model and engine, nothing loaded again) decoding with ``--set decode.*``
+        ``overrides`` applied to its config, validated (`override_config`): per-request settings of a server."""
+        if not overrides:
+            return self
+        other = copy.copy(self)
+        other.cfg = override_config(self.cfg, overrides)
+        if self.engine_search is not None:
+            other.engine_search = copy.copy(self.engine_search)
+            other.engine_search.cfg = other.cfg
+        return other
+
+    def search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids ending in EOS): tmt's beam search, or the engine's."""
+        if self.engine_search is None:
+            return self._beam_search(sources, nbest)
+        return self.engine_search(sources, nbest)
 
     @classmethod
     def from_checkpoints(

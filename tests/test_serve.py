@@ -1,0 +1,299 @@
+"""`tmt serve`: request parsing, the batching worker, the app through starlette's test client.
+
+The real server process, over HTTP and the WebSocket, and the demo page in a
+real browser are in test_serve_process.py. A random-weight toy model is
+enough: its translations differ from line to line, so a line answered with
+another's translation, or out of order, is caught by comparing with
+`tmt translate`'s output for each line alone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from transformer_mt.config import Config
+from transformer_mt.decode.translate import Translator
+from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
+from transformer_mt.serve.protocol import Job, Limits, RequestError, libre_response, parse_json, parse_libre, parse_v1
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def translator(toy_ckpt: Path) -> Translator:
+    t = Translator.from_checkpoints([toy_ckpt], device="cpu")
+    t.show_progress = False
+    return t
+
+
+@pytest.fixture(scope="module")
+def lines(prepared_toy: Config) -> list[str]:
+    return Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:24]
+
+
+@pytest.fixture(scope="module")
+def alone(translator: Translator, lines: list[str]) -> dict[str, str]:
+    """Each line translated by itself, as `tmt translate` of a one-line file does."""
+    return {line: translator.translate_lines([line])[0] for line in lines}
+
+
+# -- protocol
+
+
+def test_libre_request_shapes(translator: Translator) -> None:
+    cfg = translator.cfg
+    one = parse_libre({"q": "a b", "source": "en", "target": "de"}, cfg, Limits())
+    assert one.single and one.job.lines == ["a b"] and not one.detect
+    doc = parse_libre({"q": ["x\ny", "", "z"], "source": "auto", "alternatives": 1}, cfg, Limits())
+    assert doc.job.lines == ["x", "y", "", "z"] and doc.parts == [2, 1, 1] and doc.job.nbest == 2 and doc.detect
+    from transformer_mt.decode.translate import Translation
+
+    results = [[Translation(t, -1.0, -2.0), Translation(t + "'", -2.0, -3.0)] for t in ("X", "Y", "", "Z")]
+    answer = libre_response(doc, results, cfg)
+    assert answer["translatedText"] == ["X\nY", "", "Z"]
+    assert answer["alternatives"] == [["X'\nY'"], ["'"], ["Z'"]]
+    assert answer["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 3
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({}, 400, "q"),
+        ({"q": 3}, 400, "q"),
+        ({"q": ["a", 1]}, 400, "q"),
+        ({"q": "a", "source": "fr"}, 400, "source"),
+        ({"q": "a", "target": "en"}, 400, "target"),
+        ({"q": "a", "alternatives": -1}, 400, "alternatives"),
+        ({"q": "a", "alternatives": 9}, 400, "alternatives"),
+        ({"q": "a", "format": "html"}, 400, "format"),
+        ({"q": ["a"] * 5}, 413, "q"),
+        ({"q": "x" * 101}, 413, "q"),
+    ],
+)
+def test_libre_refusals_name_the_field(translator: Translator, body: dict, status: int, field: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_libre(body, translator.cfg, Limits(max_lines=4, max_chars=100))
+    assert (caught.value.status, caught.value.field) == (status, field), caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "sources"),
+        ({"sources": "a"}, "sources"),
+        ({"sources": ["a\nb"]}, "sources[0]"),
+        ({"sources": ["a"], "beam": 0}, "beam"),
+        ({"sources": ["a"], "beam": 17}, "beam"),
+        ({"sources": ["a"], "beam": True}, "beam"),
+        ({"sources": ["a"], "beam": 2, "nbest": 3}, "nbest"),
+        ({"sources": ["a"], "len_penalty": "x"}, "len_penalty"),
+        ({"sources": ["a"], "lenpen": 1}, "lenpen"),
+    ],
+)
+def test_v1_refusals_name_the_field(translator: Translator, body: dict, field: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_v1(body, translator.cfg, Limits())
+    assert (caught.value.status, caught.value.field) == (400, field), caught.value.message
+
+
+def test_v1_settings_become_decode_overrides(translator: Translator) -> None:
+    job = parse_v1({"sources": ["a"], "beam": 2, "nbest": 2, "len_penalty": 1}, translator.cfg, Limits()).job
+    assert job.overrides == ("decode.beam_size=2", "decode.len_penalty=1.0") and job.nbest == 2
+    assert translator.with_decode(job.overrides).cfg.decode.beam_size == 2
+    assert translator.cfg.decode.beam_size == 4  # the served translator itself is unchanged
+
+
+def test_bad_json_is_a_400() -> None:
+    for body in (b"{", b"[1]", b"\xff"):
+        with pytest.raises(RequestError) as caught:
+            parse_json(body)
+        assert caught.value.status == 400
+
+
+# -- the worker
+
+
+def test_concurrent_requests_get_their_own_lines_in_order(translator: Translator, lines, alone) -> None:
+    batcher = Batcher(translator, max_batch_tokens=400, max_wait_ms=20, queue_size=64)
+    batcher.start()
+    try:
+        jobs = [lines[i : i + 1 + i % 3] for i in range(0, len(lines), 2)]  # overlapping, of 1-3 lines
+        with ThreadPoolExecutor(8) as pool:
+            futures = list(pool.map(lambda job: batcher.submit(Job(job)), jobs))
+        for job, future in zip(jobs, futures, strict=True):
+            assert [hyps[0].text for hyps in future.result(timeout=60)] == [alone[line] for line in job]
+        assert batcher.stats.batches < len(jobs)  # requests shared batches
+        assert batcher.stats.lines == sum(map(len, jobs))
+    finally:
+        batcher.close()
+
+
+def test_requests_with_their_own_settings_are_decoded_apart(translator: Translator, lines) -> None:
+    greedy = translator.with_decode(["decode.beam_size=1"]).translate_lines(lines[:3])
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=50, queue_size=8)
+    a = batcher.submit(Job(lines[:3], overrides=("decode.beam_size=1",)))
+    b = batcher.submit(Job(lines[:3]))
+    batcher.start()
+    try:
+        assert [h[0].text for h in a.result(timeout=60)] == greedy
+        assert [h[0].text for h in b.result(timeout=60)] == translator.translate_lines(lines[:3])
+    finally:
+        batcher.close()
+
+
+def test_full_queue_and_shutdown(translator: Translator, lines) -> None:
+    batcher = Batcher(translator, max_batch_tokens=100, max_wait_ms=0, queue_size=2)
+    first, second = batcher.submit(Job(lines[:1])), batcher.submit(Job(lines[1:2]))
+    with pytest.raises(QueueFull):
+        batcher.submit(Job(lines[2:3]))
+    batcher.start()
+    batcher.close(timeout=60)  # what was queued is finished, not dropped
+    assert first.result(timeout=0)[0][0].text and second.done()
+    with pytest.raises(ShuttingDown):
+        batcher.submit(Job(lines[:1]))
+
+
+def test_a_failing_request_leaves_the_worker_alive(translator: Translator, lines, alone) -> None:
+    batcher = Batcher(translator, max_batch_tokens=100, max_wait_ms=0, queue_size=8)
+    batcher.start()
+    try:
+        boom = batcher.call(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            boom.result(timeout=60)
+        assert batcher.submit(Job(lines[:1])).result(timeout=60)[0][0].text == alone[lines[0]]
+    finally:
+        batcher.close()
+
+
+# -- the app
+
+
+@pytest.fixture
+def client(translator: Translator):
+    from starlette.testclient import TestClient
+
+    from transformer_mt.serve.app import ServerInfo, build_app
+
+    batcher = Batcher(translator, max_batch_tokens=1000, max_wait_ms=5, queue_size=16)
+    app = build_app(batcher, ServerInfo("toy.pt", "pytorch", "cpu", "none"), Limits(max_lines=8, max_chars=2000))
+    with TestClient(app) as c:
+        c.batcher = batcher
+        yield c
+
+
+def test_libretranslate_endpoints(client, lines, alone) -> None:
+    languages = client.get("/languages").json()
+    assert languages[0] == {"code": "en", "name": "English", "targets": ["de"]}
+    r = client.post("/translate", json={"q": lines[0], "source": "en", "target": "de", "format": "text"})
+    assert r.status_code == 200 and r.json() == {"translatedText": alone[lines[0]]}
+    r = client.post("/translate", json={"q": [lines[1], "", lines[2]], "source": "en", "target": "de"})
+    assert r.json()["translatedText"] == [alone[lines[1]], "", alone[lines[2]]]
+    r = client.post("/translate", json={"q": f"{lines[3]}\n{lines[4]}", "source": "auto", "alternatives": 2})
+    body = r.json()
+    assert body["translatedText"] == f"{alone[lines[3]]}\n{alone[lines[4]]}"
+    assert len(body["alternatives"]) == 2 and body["detectedLanguage"]["language"] == "en"
+
+
+def test_v1_endpoint_scores_and_nbest(client, translator: Translator, lines, alone) -> None:
+    r = client.post("/v1/translate", json={"sources": lines[:3], "nbest": 3})
+    assert r.status_code == 200
+    found = r.json()["translations"]
+    expected = translator.translate_lines_nbest(lines[:3], nbest=3)
+    assert [t["translation"] for t in found] == [alone[line] for line in lines[:3]]
+    for got, want in zip(found, expected, strict=True):
+        assert [h["translation"] for h in got["nbest"]] == [h.text for h in want]
+        assert got["score"] == pytest.approx(want[0].score)
+
+
+def test_errors_are_json_with_the_field(client) -> None:
+    r = client.post("/translate", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+    r = client.post("/translate", json={"source": "en"})
+    assert r.status_code == 400 and r.json()["field"] == "q"
+    r = client.post("/translate", json={"q": ["a"] * 9})
+    assert r.status_code == 413 and "--max-lines 8" in r.json()["error"]
+    r = client.post("/translate", content=b"x" * (Limits(8, 2000).body_bytes() + 1))
+    assert r.status_code == 413
+    r = client.post("/v1/translate", content=b'{"sources": ["a"], "len_penalty": 1e400}')
+    assert r.status_code == 400  # JSON's 1e400 is inf: refused, field named
+    assert client.get("/health").json()["status"] == "ok"  # the worker is unharmed
+
+
+def test_a_full_queue_is_a_429_with_retry_after(client, lines) -> None:
+    running, release = threading.Event(), threading.Event()
+    blocker = client.batcher.call(lambda: running.set() or release.wait(60))  # the worker is busy with this
+    assert running.wait(60)
+    queued = [client.batcher.submit(Job(lines[:1])) for _ in range(16)]  # the queue is full
+    try:
+        r = client.post("/translate", json={"q": "a"})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+        assert client.get("/health").json()["queue_depth"] == 16
+    finally:
+        release.set()
+    assert blocker.result(timeout=60) is True and all(f.result(timeout=60) for f in queued)
+
+
+def test_health_and_page(client) -> None:
+    health = client.get("/health").json()
+    assert health["model"] == "toy.pt" and health["engine"] == "pytorch" and health["device"] == "cpu"
+    assert {"queue_depth", "uptime_s", "requests"} <= set(health)
+    page = client.get("/")
+    assert page.status_code == 200 and "<textarea" in page.text and "/v1/translate" in page.text
+
+
+def test_attention_map(client, lines, alone) -> None:
+    r = client.post("/v1/attention", json={"text": lines[0]})
+    body = r.json()
+    assert r.status_code == 200 and body["translation"] == alone[lines[0]]
+    assert len(body["weights"]) == len(body["queries"]) and len(body["weights"][0]) == len(body["keys"])
+    assert all(abs(sum(row) - 1) < 1e-2 for row in body["weights"])  # each target token's weights sum to 1
+    r = client.post("/v1/attention", json={"text": lines[0], "layer": 9})
+    assert r.status_code == 400 and "layers 1 to 1" in r.json()["error"]
+
+
+def test_websocket_one_line_in_one_line_out_in_order(client, lines, alone) -> None:
+    with client.websocket_connect("/ws") as ws:
+        for line in lines[:6]:  # all sent before any is read: batched, answered in order
+            ws.send_text(line)
+        assert [ws.receive_text() for _ in lines[:6]] == [alone[line] for line in lines[:6]]
+        ws.send_text("")
+        assert ws.receive_text() == ""
+        ws.send_text("a\nb")
+        from starlette.websockets import WebSocketDisconnect
+
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == 1008
+
+
+def test_json_error_bodies_are_json(client) -> None:
+    r = client.post("/v1/translate", json={"sources": ["a"], "beam": 99})
+    assert r.status_code == 400 and json.loads(r.text)["field"] == "beam"
+
+
+def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    from starlette.testclient import TestClient
+
+    from transformer_mt.decode.translate import load_translator
+    from transformer_mt.export import export_ctranslate2
+    from transformer_mt.serve.app import ServerInfo, build_app
+
+    export_ctranslate2([toy_ckpt], tmp_path / "ct2")
+    ct2 = load_translator([tmp_path / "ct2"], "ctranslate2", device="cpu")
+    ct2.show_progress = False
+    expected = [ct2.translate_lines([line])[0] for line in lines[:4]]
+    greedy = ct2.with_decode(["decode.beam_size=1"]).translate_lines(lines[:4])
+    batcher = Batcher(ct2, max_batch_tokens=1000, max_wait_ms=5, queue_size=8)
+    with TestClient(build_app(batcher, ServerInfo("ct2", "ctranslate2", "cpu", "none"), Limits())) as client:
+        assert client.post("/translate", json={"q": lines[:4]}).json()["translatedText"] == expected
+        found = client.post("/v1/translate", json={"sources": lines[:4], "beam": 1}).json()["translations"]
+        assert [t["translation"] for t in found] == greedy
+        r = client.post("/v1/attention", json={"text": lines[0]})
+        assert r.status_code == 400 and "engine pytorch" in r.json()["error"]
+    assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged

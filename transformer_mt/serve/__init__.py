@@ -1,0 +1,114 @@
+"""`tmt serve`: a trained model behind HTTP and a WebSocket, with a demo page.
+
+The parts, each testable alone:
+
+- `protocol`: requests and answers as plain data (LibreTranslate's
+  ``/translate`` and ``/languages``, tmt's ``/v1/translate``), every refusal
+  a `protocol.RequestError` with its HTTP status and field;
+- `batcher`: one worker thread that owns the model and batches the lines of
+  concurrent requests (``max_batch_tokens``, ``max_wait_ms``), behind a
+  bounded queue (429 when full);
+- `app`: the starlette routes over those two; ``demo.html`` the page at ``/``.
+
+starlette and uvicorn are an optional extra (``pip install -e ".[serve]"``):
+only this package imports them, when `tmt serve` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from transformer_mt.errors import UserError
+
+
+class ServeError(UserError):
+    """A server that cannot start: a missing extra, a port in use; the message says what to do."""
+
+
+def require_web_stack() -> None:
+    """starlette and uvicorn, or a ServeError naming the extra that installs them."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise ServeError(
+            f"tmt serve needs starlette and uvicorn ({err.name} is missing): pip install 'transformer_mt[serve]' "
+            '(in a checkout: pip install -e ".[serve]")'
+        ) from None
+
+
+def serve(
+    checkpoints: Sequence[str | Path],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    engine: str = "pytorch",
+    device: str | None = None,
+    overrides: Sequence[str] = (),
+    max_wait_ms: float = 10.0,
+    queue_size: int = 256,
+    max_lines: int = 256,
+    max_chars: int = 20_000,
+) -> None:
+    """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit."""
+    require_web_stack()
+    import uvicorn
+
+    from transformer_mt.decode.translate import load_translator
+    from transformer_mt.serve.app import ServerInfo, build_app
+    from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.protocol import Limits
+
+    if not max_wait_ms >= 0:
+        raise ServeError(f"--max-wait-ms must be 0 or more, got {max_wait_ms}")
+    for name, value in (("--queue", queue_size), ("--max-lines", max_lines), ("--max-chars", max_chars)):
+        if value < 1:
+            raise ServeError(f"{name} must be at least 1, got {value}")
+    limits = Limits(max_lines=max_lines, max_chars=max_chars)
+    sock = listen(host, port)  # before the model loads: a port in use fails at once
+    translator = load_translator(checkpoints, engine, False, device, overrides)
+    d = translator.cfg.decode
+    batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
+    info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize)
+    app = build_app(batcher, info, limits)
+    print(
+        f"serving {info.model} ({translator.cfg.data.src_lang} -> {translator.cfg.data.tgt_lang}, {engine}, "
+        f"{info.device}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", ws="websockets-sansio")
+    with _quiet_signals():
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def _quiet_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT end the server by its graceful shutdown, then the process exits 0.
+
+    uvicorn handles both while it serves, then hands a caught signal to the
+    handler it found, so that the default one would kill the process (exit
+    -15) after the shutdown that already ran: the handlers here take it.
+    """
+    caught = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in caught.items():
+            signal.signal(sig, handler)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one line naming it, not the server's traceback."""
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as err:
+        raise ServeError(
+            f"could not listen on {host}:{port}: {err.strerror}; pick another --port, or stop what holds it"
+        ) from None
+    except OverflowError:
+        raise ServeError(f"--port {port} is not a TCP port (0-65535)") from None

@@ -1,0 +1,231 @@
+"""What `tmt serve` accepts and answers, as plain functions of bytes and dicts: no web framework here.
+
+Two request shapes share one worker:
+
+- ``POST /translate``: LibreTranslate's (``q`` a string or a list of
+  strings, ``source``, ``target``, ``alternatives``, ``format``), so that
+  LibreTranslate's clients work unchanged. A string with several lines is
+  translated line by line and joined again with '\\n', as a document.
+- ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
+  optional ``beam``, ``nbest``, ``len_penalty``), answered with each line's
+  translation, score and n-best list.
+
+Every refusal is a `RequestError`: an HTTP status, a message a client can act
+on and the request field it is about (``None`` for the body as a whole).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformer_mt.config import Config
+from transformer_mt.decode.translate import Translation
+
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
+    "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}  # fmt: skip
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` (400 malformed, 413 too large), ``message`` and ``field``."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body: LibreTranslate's ``error`` key, and the field the message is about."""
+        return {"error": self.message, "field": self.field}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one request may ask for (413 beyond), and the widest beam a request may set (400 beyond)."""
+
+    max_lines: int = 256
+    max_chars: int = 20_000
+    max_beam: int = 16
+
+    def body_bytes(self) -> int:
+        """The largest request body read: every character 4 UTF-8 bytes, JSON-escaped, plus room for the keys."""
+        return 8 * self.max_chars + 65_536
+
+
+@dataclass(frozen=True)
+class Job:
+    """Lines to translate with one set of decoding settings (``overrides``, ``--set decode.*`` texts)."""
+
+    lines: list[str]
+    nbest: int = 1
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LibreRequest:
+    """``q`` as lines to translate; ``parts[i]`` how many of those lines the i-th text of ``q`` was."""
+
+    job: Job
+    parts: list[int]
+    single: bool  # q was a string, not a list: answer with strings
+    alternatives: int
+    detect: bool  # source "auto": answer with detectedLanguage, as LibreTranslate does
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class V1Request:
+    job: Job
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 naming what is wrong with it."""
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise RequestError(400, f"the request body is not UTF-8 (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise RequestError(
+            400, f"the request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
+    if not isinstance(value, dict):
+        raise RequestError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_size(lines: list[str], limits: Limits, name: str) -> None:
+    """413 when ``lines`` are more lines or characters than one request may send."""
+    if len(lines) > limits.max_lines:
+        raise RequestError(
+            413, f"{len(lines)} lines in one request, more than this server's --max-lines {limits.max_lines}; "
+            "split the text over several requests", name,
+        )  # fmt: skip
+    chars = sum(len(line) for line in lines)
+    if chars > limits.max_chars:
+        raise RequestError(
+            413, f"{chars} characters in one request, more than this server's --max-chars {limits.max_chars}; "
+            "split the text over several requests", name,
+        )  # fmt: skip
+
+
+def parse_libre(raw: dict[str, Any], cfg: Config, limits: Limits) -> LibreRequest:
+    """LibreTranslate's ``/translate`` request: ``q`` and the language pair this model translates."""
+    q = raw.get("q")
+    if q is None:
+        raise RequestError(400, "missing 'q': the text to translate (a string, or a list of strings)", "q")
+    single = isinstance(q, str)
+    texts = [q] if single else q
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise RequestError(400, "'q' must be a string or a list of strings", "q")
+    detect = _check_languages(raw, cfg)
+    alternatives = raw.get("alternatives", 0)
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
+        raise RequestError(
+            400, f"'alternatives' must be a whole number, 0 or more, got {alternatives!r}", "alternatives"
+        )
+    if alternatives + 1 > cfg.decode.beam_size:
+        raise RequestError(
+            400, f"'alternatives' {alternatives}: this model decodes with beam {cfg.decode.beam_size}, so it has at "
+            f"most {cfg.decode.beam_size - 1} alternatives", "alternatives",
+        )  # fmt: skip
+    if raw.get("format", "text") not in ("text",):
+        raise RequestError(400, f"'format' {raw.get('format')!r}: this server translates plain text ('text')", "format")
+    split = [text.split("\n") for text in texts]
+    lines = [line for part in split for line in part]
+    check_size(lines, limits, "q")
+    job = Job(lines, nbest=alternatives + 1)
+    return LibreRequest(job, [len(part) for part in split], single, alternatives, detect)
+
+
+def _check_languages(raw: dict[str, Any], cfg: Config) -> bool:
+    """Refuse a pair this model does not translate; True when ``source`` is "auto" (or absent)."""
+    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    source, target = raw.get("source", "auto"), raw.get("target", tgt)
+    if source not in ("auto", src):
+        raise RequestError(400, f"'source' {source!r}: this model translates from {src!r} (or pass 'auto')", "source")
+    if target != tgt:
+        raise RequestError(400, f"'target' {target!r}: this model translates into {tgt!r}", "target")
+    return source == "auto"
+
+
+def libre_response(request: LibreRequest, results: list[list[Translation]], cfg: Config) -> dict[str, Any]:
+    """LibreTranslate's answer: ``translatedText`` (a string or a list, as ``q`` was), ``alternatives`` when asked."""
+    texts, alternatives, i = [], [], 0
+    for n in request.parts:
+        part = results[i : i + n]
+        i += n
+        texts.append("\n".join(hyps[0].text for hyps in part))
+        alternatives.append(["\n".join(hyps[k].text for hyps in part) for k in range(1, request.alternatives + 1)])
+    answer: dict[str, Any] = {"translatedText": texts[0] if request.single else texts}
+    if request.alternatives:
+        answer["alternatives"] = alternatives[0] if request.single else alternatives
+    if request.detect:
+        detected = {"confidence": 100.0, "language": cfg.data.src_lang}
+        answer["detectedLanguage"] = detected if request.single else [detected] * len(texts)
+    return answer
+
+
+def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
+    """tmt's ``/v1/translate`` request: ``sources`` (single lines) and optional decoding settings."""
+    sources = raw.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise RequestError(400, "'sources' must be a list of strings, one line each", "sources")
+    for i, source in enumerate(sources):
+        if "\n" in source or "\r" in source:
+            raise RequestError(
+                400, f"sources[{i}] holds a line break; send each line as its own source", f"sources[{i}]"
+            )
+    check_size(sources, limits, "sources")
+    unknown = sorted(set(raw) - {"sources", "beam", "nbest", "len_penalty"})
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r}; known: sources, beam, nbest, len_penalty", unknown[0])
+    beam = _whole(raw, "beam", cfg.decode.beam_size, 1, limits.max_beam)
+    nbest = _whole(raw, "nbest", 1, 1, beam)
+    overrides = [f"decode.beam_size={beam}"] if beam != cfg.decode.beam_size else []
+    len_penalty = raw.get("len_penalty")
+    if len_penalty is not None:
+        if isinstance(len_penalty, bool) or not isinstance(len_penalty, int | float) or not math.isfinite(len_penalty):
+            raise RequestError(
+                400, f"'len_penalty' must be a number (the paper: 0.6), got {len_penalty!r}", "len_penalty"
+            )
+        overrides.append(f"decode.len_penalty={float(len_penalty)!r}")
+    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides)))
+
+
+def _whole(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(400, f"'{key}' must be a whole number from {low} to {high}, got {value!r}", key)
+    return value
+
+
+def v1_response(results: list[list[Translation]]) -> dict[str, Any]:
+    """Per line: the translation, its length-normalized score, and the n-best list (best first)."""
+    return {
+        "translations": [
+            {
+                "translation": hyps[0].text,
+                "score": _number(hyps[0].score),
+                "nbest": [{"translation": h.text, "score": _number(h.score)} for h in hyps],
+            }
+            for hyps in results
+        ]
+    }
+
+
+def _number(x: float) -> float | None:
+    """JSON has no -inf (a missing n-best entry's score): None."""
+    return x if math.isfinite(x) else None
+
+
+def languages(cfg: Config) -> list[dict[str, Any]]:
+    """LibreTranslate's ``/languages``: the model's source language, with its one target."""
+    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    return [
+        {"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
+        {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []},
+    ]
