@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -171,3 +172,45 @@ def toy_run(prepared_toy, tmp_path_factory) -> Path:
     finally:
         torch.set_num_threads(threads)
     return root / "run"
+
+
+SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"  # beside the repository
+
+
+@pytest.fixture(scope="session")
+def multi30k_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """150 updates of a small post-norm model on Multi30k (joint BPE 8000): real, varied sentences."""
+    from transformer_mt.train.trainer import train_model
+
+    if not SHARED_MULTI30K.is_dir():
+        pytest.skip("needs the Multi30k files of the shared data directory beside the repository")
+
+    root = tmp_path_factory.mktemp("multi30k")
+    overrides = [f"data.{split}={SHARED_MULTI30K / split}" for split in ("train", "valid", "test")] + [
+        f"data.dir={root / 'prepared'}", f"train.save_dir={root / 'run'}", "model.d_model=128", "model.d_ff=512",
+        "model.encoder_layers=2", "model.decoder_layers=2", "train.max_minutes=0", "train.max_updates=150",
+        "train.validate_every=0", "train.save_every_minutes=0", "train.snapshot_span=0", "train.log_every=50",
+        "data.workers=1", "train.precision=fp32",  # the same model on CPUs with and without bf16
+    ]  # fmt: skip
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "multi30k.yaml", overrides)
+    train_model(cfg)
+    return max((root / "run").glob("checkpoint_u*.pt"))
+
+
+@pytest.fixture(scope="session")
+def toy_trained_checkpoint(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1500 updates on the toy corpus (a few seconds): translations that end by themselves, and differ.
+
+    Trained in fp32, the precision both engines decode it in. bf16-trained toy models showed a line or two
+    whose output differed between the engines, and between test processes: near-ties, which the engines'
+    different summation orders break differently.
+    """
+    from transformer_mt.train.trainer import train_model
+
+    save_dir = tmp_path_factory.mktemp("toy_run")
+    train = dataclasses.replace(
+        prepared_toy.train, save_dir=str(save_dir), max_updates=1500, lr=0.005, warmup=20, validate_every=0,
+        log_every=1000, precision="fp32",
+    )  # fmt: skip
+    train_model(dataclasses.replace(prepared_toy, train=train))
+    return max(save_dir.glob("checkpoint_u*.pt"))

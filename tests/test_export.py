@@ -25,7 +25,7 @@ from test_decode_translate import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
-from transformer_mt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config
+from transformer_mt.config import Config, ConfigError, ModelConfig, config_from_dict
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.decode.load import decode_flags
 from transformer_mt.decode.search import beam_search, max_output_lengths
@@ -52,25 +52,6 @@ def toy_checkpoint(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactor
     path = tmp_path_factory.mktemp("export") / "model.pt"
     write_checkpoint(cfg, path, seed=0)
     return path
-
-
-@pytest.fixture(scope="module")
-def toy_trained_checkpoint(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """1500 updates on the toy corpus (a few seconds): translations that end by themselves, and differ.
-
-    Trained in fp32, the precision both engines decode it in. bf16-trained toy models showed a line or two
-    whose output differed between the engines, and between test processes: near-ties, which the engines'
-    different summation orders break differently.
-    """
-    from transformer_mt.train.trainer import train_model
-
-    save_dir = tmp_path_factory.mktemp("toy_run")
-    train = dataclasses.replace(
-        prepared_toy.train, save_dir=str(save_dir), max_updates=1500, lr=0.005, warmup=20, validate_every=0,
-        log_every=1000, precision="fp32",
-    )  # fmt: skip
-    train_model(dataclasses.replace(prepared_toy, train=train))
-    return max(save_dir.glob("checkpoint_u*.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -265,23 +246,6 @@ def test_a_damaged_exported_config_names_its_file(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- a briefly trained Multi30k model
-
-
-@pytest.fixture(scope="module")
-def multi30k_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """150 updates of a small post-norm model on Multi30k (joint BPE 8000): real, varied sentences."""
-    from transformer_mt.train.trainer import train_model
-
-    root = tmp_path_factory.mktemp("multi30k")
-    overrides = [f"data.{split}={SHARED / split}" for split in ("train", "valid", "test")] + [
-        f"data.dir={root / 'prepared'}", f"train.save_dir={root / 'run'}", "model.d_model=128", "model.d_ff=512",
-        "model.encoder_layers=2", "model.decoder_layers=2", "train.max_minutes=0", "train.max_updates=150",
-        "train.validate_every=0", "train.save_every_minutes=0", "train.snapshot_span=0", "train.log_every=50",
-        "data.workers=1", "train.precision=fp32",  # the same model on CPUs with and without bf16
-    ]  # fmt: skip
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "multi30k.yaml", overrides)
-    train_model(cfg)
-    return max((root / "run").glob("checkpoint_u*.pt"))
 
 
 @needs_ct2

@@ -529,8 +529,9 @@ def export(
     target: Annotated[
         str,
         typer.Argument(
-            help="ctranslate2: a CTranslate2 model directory. spm: the checkpoint's sentencepiece model file.",
-            metavar="ctranslate2|spm",
+            help="ctranslate2: a CTranslate2 model directory. hf: a Hugging Face transformers (Marian) model "
+            "directory. spm: the checkpoint's sentencepiece model file.",
+            metavar="ctranslate2|hf|spm",
             show_default=False,
         ),
     ],
@@ -539,13 +540,13 @@ def export(
         typer.Option(
             "--checkpoint",
             "-c",
-            help="Checkpoint of `tmt train` or `tmt average`; for ctranslate2, repeat -c to average several.",
+            help="Checkpoint of `tmt train` or `tmt average`; for ctranslate2 and hf, repeat -c to average several.",
         ),
     ],
     output: Annotated[
         Path,
         typer.Option(
-            "--out-dir", "--output", "-o", help="The model directory to write (ctranslate2), or the file (spm)."
+            "--out-dir", "--output", "-o", help="The model directory to write (ctranslate2, hf), or the file (spm)."
         ),
     ],
     quantization: Annotated[
@@ -558,7 +559,7 @@ def export(
     ] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
-    """Write a model directory for another inference engine (CTranslate2), or a checkpoint's BPE model (spm).
+    """Write a model directory for another engine (CTranslate2, Hugging Face transformers), or a BPE model (spm).
 
     ctranslate2 (pip install ctranslate2): the directory holds CTranslate2's
     model.bin, config.json and shared_vocabulary.json, the checkpoint's
@@ -568,6 +569,14 @@ def export(
     --engine ctranslate2 -c OUTPUT, or from Python with
     ctranslate2.Translator(OUTPUT). See docs/decoding.md.
 
+    hf (pip install safetensors protobuf; transformers to load it): a
+    directory MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained
+    load without tmt: config.json, generation_config.json, model.safetensors,
+    source.spm/target.spm (tmt's text normalization built in), vocab.json,
+    tokenizer_config.json and a README.md model card with the scores found
+    beside the checkpoint. The same logits as tmt; what generate cannot
+    express of tmt's decoding is printed (docs/decoding.md).
+
     spm writes the sentencepiece model the checkpoint was trained with
     (one -c), byte for byte, to the file OUTPUT: give it as bpe.model and
     `tmt prepare` encodes a new corpus with the checkpoint's vocabulary, so
@@ -575,14 +584,16 @@ def export(
     that holds the same model is left as it is.
 
     Examples: tmt export ctranslate2 -c runs/base/average.pt -o runs/base/ct2 --quantization int8;
-    tmt export spm -c runs/base/average.pt -o runs/base/spm.model
+    tmt export hf -c runs/base/average.pt -o runs/base/hf; tmt export spm -c runs/base/average.pt -o runs/base/spm.model
     """
     if target == "spm":
         _export_spm(checkpoint, output, quantization, force)
     elif target == "ctranslate2":
         _export_ctranslate2(checkpoint, output, quantization, force)
+    elif target == "hf":
+        _export_hf(checkpoint, output, quantization, force)
     else:
-        raise UserError(f"unknown export target {target!r}; known: ctranslate2, spm")
+        raise UserError(f"unknown export target {target!r}; known: ctranslate2, hf, spm")
 
 
 def _export_spm(checkpoint: list[Path], output: Path, quantization: str, force: bool) -> None:
@@ -603,6 +614,17 @@ def _export_ctranslate2(checkpoint: list[Path], output: Path, quantization: str,
         raise UserError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     out = export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
     typer.echo(f"CTranslate2 model ({quantization}) -> {out}")
+
+
+def _export_hf(checkpoint: list[Path], output: Path, quantization: str, force: bool) -> None:
+    from transformer_mt.export.hf import export_hf
+
+    if quantization != "float32":
+        raise UserError("--quantization applies to tmt export ctranslate2 only; tmt export hf writes float32 weights")
+    out, gaps = export_hf(checkpoint, output, force=force)
+    typer.echo(f"Hugging Face Marian model -> {out} (MarianMTModel / MarianTokenizer.from_pretrained)")
+    for gap in gaps:
+        typer.echo(f"note: generate differs from tmt's decoding in the {gap}")
 
 
 @app.command()

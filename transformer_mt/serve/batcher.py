@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformer_mt.data.clean import normalize
-from transformer_mt.decode.translate import Translation, Translator
+from transformer_mt.decode.translate import Translator
 from transformer_mt.serve.protocol import Job
 
 
@@ -169,8 +169,3 @@ class Batcher:
             pending.future.set_result(pending.call())
         except BaseException as err:
             pending.future.set_exception(err)
-
-
-def translations_of(results: list[list[Translation]]) -> list[str]:
-    """The best translation of each line."""
-    return [hyps[0].text for hyps in results]
