@@ -100,6 +100,21 @@ def test_sacrebleu_and_chrf_equal_the_library(tmp_path: Path) -> None:
     assert "sacreBLEU" in text and "paper BLEU" in text and "tok:13a" in text
 
 
+def test_ter_against_its_definition(tmp_path: Path) -> None:
+    """TER = edits (insertions, deletions, substitutions, and shifts of a whole phrase) / reference words."""
+    ref = write(tmp_path / "ref.de", ["a b c d", "a b c d e f g h"])
+    substituted = score_files(write(tmp_path / "sub.de", ["a b x d", "a b c d e f g h"]), ref)["ter"]
+    assert substituted["score"] == pytest.approx(100 * 1 / 12, abs=1e-4)  # one substitution over 4 + 8 reference words
+    shifted = score_files(write(tmp_path / "shift.de", ["c d a b", "a b c d e f g h"]), ref)["ter"]
+    assert shifted["score"] == pytest.approx(100 * 1 / 12, abs=1e-4)  # "a b" moved as one phrase: one edit
+    assert "tok:tercom" in shifted["signature"]
+    lib = sacrebleu.corpus_ter(HYPS, [REFS]).score
+    assert score_files(write(tmp_path / "h.de", HYPS), write(tmp_path / "r.de", REFS))["ter"]["score"] == pytest.approx(
+        lib, abs=1e-4
+    )
+    assert "TER" in format_scores(score_files(tmp_path / "h.de", tmp_path / "r.de"))
+
+
 def test_line_count_mismatch_names_both_files(tmp_path: Path) -> None:
     hyp, ref = write(tmp_path / "hyp.de", HYPS[:2]), write(tmp_path / "ref.de", REFS)
     with pytest.raises(EvaluateError, match=r"hyp\.de has 2 lines but .*ref\.de has 3"):

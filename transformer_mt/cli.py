@@ -434,7 +434,7 @@ def evaluate(
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
 ) -> None:
-    """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, and the paper's tokenized compound-split BLEU.
+    """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, TER, and the paper's tokenized compound-split BLEU.
 
     Named test sets (newstest2013, newstest2014 = the full 3003 lines,
     newstest2014-filtered = 2737) come through sacreBLEU's downloader and cache
@@ -640,7 +640,7 @@ def score(
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the scores as JSON to this file.")] = None,
 ) -> None:
-    """Score existing output: sacreBLEU with signature, chrF, and the paper's tokenized compound-split BLEU.
+    """Score existing output: sacreBLEU with signature, chrF, TER, and the paper's tokenized compound-split BLEU.
 
     The paper's figure is tensor2tensor's get_ende_bleu.sh: Moses punctuation
     replacement and tokenization, ##AT##-##AT## compound splitting, multi-bleu.

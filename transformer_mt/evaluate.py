@@ -105,16 +105,22 @@ def corpus_sacrebleu(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]
 
 
 def score_lines(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
-    """sacreBLEU (13a, cased) and chrF with signatures, and the paper's BLEU; compounds split for German."""
-    from sacrebleu.metrics import CHRF
+    """sacreBLEU (13a, cased), chrF and TER with signatures, and the paper's BLEU; compounds split for German.
 
-    chrf = CHRF()
+    TER is sacreBLEU's (Snover et al. 2006, tercom's rules): edits, shifts
+    included, per reference word, in percent; lower is better.
+    """
+    from sacrebleu.metrics import CHRF, TER
+
+    chrf, ter = CHRF(), TER()
     split = lang == "de"
     return {
         "sentences": len(hyps),
         "sacrebleu": corpus_sacrebleu(hyps, refs),
         "chrf": {"score": round(chrf.corpus_score(list(hyps), [list(refs)]).score, 4),
                  "signature": str(chrf.get_signature())},
+        "ter": {"score": round(ter.corpus_score(list(hyps), [list(refs)]).score, 4),
+                "signature": str(ter.get_signature())},
         "paper_bleu": {
             **paper_bleu(hyps, refs, lang, split),
             "metric": f"tokenized BLEU (Moses -l {lang}), case-sensitive"
@@ -149,6 +155,8 @@ def format_scores(scores: dict[str, Any]) -> str:
         [
             f"sacreBLEU   {s['score']:6.2f}  {precisions} BP {s['bp']:.3f}  {s['signature']}",
             f"chrF2       {c['score']:6.2f}  {c['signature']}",
+            *([f"TER         {scores['ter']['score']:6.2f}  {scores['ter']['signature']} (lower is better)"]
+              if "ter" in scores else []),
             f"paper BLEU  {p['score']:6.2f}  {p['metric']}; the metric of the paper's tables",
         ]
     )
