@@ -178,8 +178,8 @@ class _Code:
     "content, reason",
     [
         (lambda path: torch.save({"model": {}, "x": _Code()}, path), "it holds Python objects other than tensors"),
-        (lambda path: path.write_bytes(b"PK\x03\x04" + os.urandom(500)), "the file is truncated or corrupt"),
-        (lambda path: path.write_text("hello"), "the file is truncated or corrupt"),
+        (lambda path: path.write_bytes(b"PK\x03\x04" + os.urandom(500)), "truncated, corrupt or not a checkpoint"),
+        (lambda path: path.write_text("hello"), "a text file (a config?), not a checkpoint"),
     ],
 )
 def test_an_unreadable_file_never_echoes_the_advice_to_load_it_unsafely(tmp_path, content, reason):
@@ -187,8 +187,25 @@ def test_an_unreadable_file_never_echoes_the_advice_to_load_it_unsafely(tmp_path
     content(path)
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
-    assert f"bad.pt: not a readable checkpoint: {reason}" in str(err.value)
+    assert f"bad.pt: {reason}" in str(err.value) or f"bad.pt: not a readable checkpoint: {reason}" in str(err.value)
     assert "weights_only" not in str(err.value) and "trusted source" not in str(err.value)
+    assert "delete" not in str(err.value)  # not a file tmt wrote: never advise deleting it
+
+
+def test_deleting_is_advised_only_for_a_run_s_own_truncated_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    for name in ("checkpoint_u0000100.pt", "average.pt", "mine.pt"):
+        (run / name).write_bytes(b"PK\x03\x04" + b"\x01" * 300)
+        with pytest.raises(CheckpointError) as err:
+            load_checkpoint(run / name)
+        assert ("delete it" in str(err.value)) == (name != "mine.pt"), str(err.value)
+    config = tmp_path / "my.yaml"
+    config.write_text("base: base.yaml\ntrain:\n  max_updates: 10\n")
+    with pytest.raises(CheckpointError, match=r"my\.yaml: a text file \(a config\?\), not a checkpoint") as err:
+        load_checkpoint(config)
+    assert "delete" not in str(err.value)
 
 
 def test_not_a_tmt_checkpoint(tmp_path):

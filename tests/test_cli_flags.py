@@ -55,7 +55,7 @@ def test_score_writes_scores_json_as_evaluate_does(tmp_path: Path) -> None:
     assert f"sacreBLEU   {written['sacrebleu']['score']:6.2f}" in result.output
 
 
-def test_a_run_directory_given_as_checkpoint_names_the_files_it_holds(tmp_path: Path) -> None:
+def test_a_run_directory_given_as_checkpoint_decodes_with_its_average(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     result = CliRunner().invoke(app, ["translate", "-c", str(run)], input="a\n")
@@ -64,7 +64,8 @@ def test_a_run_directory_given_as_checkpoint_names_the_files_it_holds(tmp_path: 
         (run / name).write_bytes(b"")
     result = CliRunner().invoke(app, ["translate", "-c", str(run)], input="a\n")
     message = " ".join(result.output.split())
-    assert f"did you mean {run / 'average.pt'} or {run / 'checkpoint_best.pt'}?" in message
+    assert f"{run} is a run directory: decoding with {run / 'average.pt'}" in message  # said, then tried
+    assert f"{run / 'average.pt'}: not a readable checkpoint" in message
 
 
 @pytest.mark.parametrize("name", ["translate", "evaluate"])

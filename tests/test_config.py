@@ -97,6 +97,10 @@ def test_set_values_parse_as_yaml():
     assert parse_override("data.test=") == ("data", "test", "")
     with pytest.raises(ConfigError, match="section.key=value"):
         parse_override("warmup=3")
+    with pytest.raises(ConfigError, match=r"did you mean --set train\.max_minutes=3\?"):
+        parse_override("max_minutes=3")
+    with pytest.raises(ConfigError, match="for example --set train.max_updates"):
+        parse_override("nothing_like_it=3")
 
 
 def test_cross_key_validation():

@@ -11,6 +11,7 @@ from torch import nn
 from transformer_mt.checkpoint import read_average
 from transformer_mt.config import ConfigError
 from transformer_mt.decode.load import LoadError, for_decoding, load_ensemble, load_model
+from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import OneDnnLinear, onednn_available
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,3 +56,18 @@ def test_ensemble_members_share_the_first_decode_settings(toy_ckpt: Path) -> Non
     members = load_ensemble([toy_ckpt, toy_ckpt], "cpu", ["decode.len_penalty=0.3"])
     assert len(members) == 2 and all(m.config.decode.len_penalty == 0.3 for m in members)
     assert members[0].model is not members[1].model
+
+
+def test_a_run_directory_stands_for_its_average_then_its_best(toy_ckpt: Path, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(UserError, match="is a directory, not a checkpoint file; pass one of its checkpoint_u"):
+        load_model([run], "cpu")
+    shutil.copy(toy_ckpt, run / "checkpoint_best.pt")
+    assert load_model([run], "cpu").config.model.d_model > 0
+    assert f"decoding with {run / 'checkpoint_best.pt'}" in capsys.readouterr().err
+    shutil.copy(toy_ckpt, run / "average.pt")
+    load_model([run], "cpu")
+    assert f"decoding with {run / 'average.pt'}" in capsys.readouterr().err

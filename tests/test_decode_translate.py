@@ -162,6 +162,7 @@ def test_averaging_on_the_fly_equals_tmt_average(ckpts: list[Path], toy_cfg: Con
     inputs = [ckpts[0], tmp_path / "b.pt"]
     result = CliRunner().invoke(app, ["average", str(inputs[0]), str(inputs[1]), "-o", str(tmp_path / "avg.pt")])
     assert result.exit_code == 0, result.output
+    assert f"averaged 2 checkpoints ({inputs[0]}, {inputs[1]}) -> {tmp_path / 'avg.pt'}" in result.output
     written = load_checkpoint(tmp_path / "avg.pt")
     on_the_fly = Translator.from_checkpoints(inputs, device="cpu")
     from_file = Translator.from_checkpoints([tmp_path / "avg.pt"], device="cpu")
@@ -361,3 +362,8 @@ def test_cli_ensemble_and_average_flags(ckpts: list[Path], test_lines: list[str]
         (flag,) = [p for p in params if p.name == "ensemble"]
         assert (flag.opts, flag.secondary_opts, flag.default) == (["--ensemble"], ["--average"], False)
         assert "--average (the default" in flag.help and "mean of their log-probabilities" in flag.help
+
+
+def test_a_positional_input_file_is_pointed_to_i(ckpts: list[Path], tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["translate", "-c", str(ckpts[0]), "file.en"])
+    assert result.exit_code == 2 and f"tmt translate -c {ckpts[0]} -i file.en" in result.output

@@ -257,6 +257,8 @@ def test_evaluate_named_testset_from_prefilled_cache(toy_ckpt: Path, prepared_to
 def test_evaluate_errors(toy_ckpt: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown test set"):
         evaluate_checkpoint([toy_ckpt], testset="newstest1999")
+    result = CliRunner().invoke(app, ["evaluate", "dev", "-c", str(toy_ckpt)])  # the fix is named: test, valid
+    assert result.exit_code == 2 and "known: test and valid (the checkpoint config's own" in result.output
     with pytest.raises(EvaluateError, match="pass both --src and --ref"):
         evaluate_checkpoint([toy_ckpt], src=tmp_path / "x.en")
     a, b = write(tmp_path / "a.en", ["one", "two"]), write(tmp_path / "b.de", ["eins"])

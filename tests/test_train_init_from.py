@@ -178,4 +178,4 @@ def test_export_spm_keeps_an_equal_file_and_refuses_another_without_force(parent
     two = runner.invoke(app, ["export", "spm", "-c", str(parent), "-c", str(parent), "-o", str(out)])
     assert two.exit_code == 2 and "takes one -c (got 2)" in two.output
     unknown = runner.invoke(app, ["export", "onnx", "-c", str(parent), "-o", str(out)])
-    assert unknown.exit_code == 2 and "known: ctranslate2, spm" in unknown.output
+    assert unknown.exit_code == 2 and "known: ctranslate2, hf, spm" in unknown.output

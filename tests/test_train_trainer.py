@@ -508,7 +508,10 @@ def test_resume_refuses_a_different_model(prepared_toy, tmp_path):
     other = dataclasses.replace(
         _cfg(prepared_toy, run, max_updates=2), model=dataclasses.replace(prepared_toy.model, d_ff=128)
     )
-    with pytest.raises(TrainError, match="different model.*new train.save_dir"):
+    with pytest.raises(
+        TrainError,
+        match=r"different model than the config: model\.d_ff 64 ≠ 128 \(the checkpoint.s value first\); use a new train.save_dir",
+    ):
         train_model(other)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pickle
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,9 +258,20 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
     return state
 
 
+RUN_DIR_CHOICES = ("average.pt", "checkpoint_best.pt")  # what ``-c RUN_DIR`` decodes with, in this order
+
+
+def run_dir_checkpoint(path: Path) -> Path | None:
+    """The checkpoint ``-c RUN_DIR`` stands for in the decode commands: the run's average.pt, else its
+    checkpoint_best.pt; None when ``path`` is no directory or holds neither."""
+    if not path.is_dir():
+        return None
+    return next((path / name for name in RUN_DIR_CHOICES if (path / name).is_file()), None)
+
+
 def _directory_message(path: Path) -> str:
-    """``-c RUN_DIR``: a run directory holds many checkpoints, so name the ones a user most likely meant."""
-    found = [path / name for name in ("average.pt", "checkpoint_best.pt") if (path / name).is_file()]
+    """A directory where one checkpoint file is needed: name the files of it a user most likely meant."""
+    found = [path / name for name in RUN_DIR_CHOICES if (path / name).is_file()]
     if found:
         return f"{path} is a directory, not a checkpoint file; did you mean {' or '.join(map(str, found))}?"
     return (
@@ -268,20 +280,50 @@ def _directory_message(path: Path) -> str:
     )
 
 
+_TMT_CHECKPOINT_NAME = re.compile(r"checkpoint_(u\d+|best)\.pt|average\.pt")
+
+
 def _unreadable(path: Path, err: Exception) -> CheckpointError:
     """Why torch could not load ``path``, in tmt's words only.
 
     torch's own message for a pickle that a safe load refuses advises loading
     it with ``weights_only=False``, which would run whatever code a crafted
     file holds; tmt never writes such a file, so it never passes that on.
+    Deleting is advised only for a file tmt wrote itself, by its name in a
+    run directory (beside the run's config.yaml), and found truncated: never
+    for a config, a text file or anything else a user may have passed by
+    mistake.
     """
     if isinstance(err, pickle.UnpicklingError):
         why = "it holds Python objects other than tensors and plain values, which tmt never writes and never loads"
-    else:
-        why = "the file is truncated or corrupt"
+        return CheckpointError(
+            f"{path}: not a readable checkpoint: {why}; pick a checkpoint tmt train or tmt average wrote"
+        )
+    if _looks_like_text(path):
+        return CheckpointError(
+            f"{path}: a text file (a config?), not a checkpoint; -c takes a checkpoint that tmt train or tmt average "
+            "wrote, such as runs/NAME/average.pt or runs/NAME/checkpoint_best.pt"
+        )
+    if _TMT_CHECKPOINT_NAME.fullmatch(path.name) and (path.parent / "config.yaml").is_file():
+        return CheckpointError(
+            f"{path}: not a readable checkpoint: the file is truncated or corrupt; it is one of this run's own "
+            "checkpoints: delete it, or pick another checkpoint of the run"
+        )
     return CheckpointError(
-        f"{path}: not a readable checkpoint: {why}; delete it, or pick another checkpoint of the run"
+        f"{path}: not a readable checkpoint: truncated, corrupt or not a checkpoint at all; pick a checkpoint "
+        "that tmt train or tmt average wrote"
     )
+
+
+def _looks_like_text(path: Path) -> bool:
+    """UTF-8 text without NUL bytes in its first 4 KiB, and no zip archive (what a checkpoint is)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        head.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(head) and b"\0" not in head and not head.startswith(b"PK\x03\x04")
 
 
 # ---------------------------------------------------------------- averaging

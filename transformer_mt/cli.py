@@ -286,11 +286,12 @@ def average(
     check_output_file(out, example="average.pt")
     paths = inputs if run_dir is None else last_checkpoints(run_dir, default_last(run_dir) if last is None else last)
     average_checkpoints(paths, out)
-    typer.echo(f"averaged {len(paths)} checkpoints -> {out}")
+    typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(map(str, paths))}) -> {out}")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})  # a file given without -i: named in the error
 def translate(
+    ctx: typer.Context,
     checkpoint: Annotated[
         list[Path],
         typer.Option(
@@ -372,6 +373,11 @@ def translate(
     from transformer_mt.decode.translate import translate_file
     from transformer_mt.files import check_output_file
 
+    if ctx.args:
+        raise UserError(
+            f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
+            f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {ctx.args[0]}"
+        )
     overrides = decode_overrides(set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
     settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
     if output is not None:

@@ -262,7 +262,10 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], referrer: Path | None = None
 def parse_override(text: str) -> tuple[str, str, Any]:
     """Split ``section.key=value``; the value is parsed as YAML (so 3 is int, true is bool)."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
-        raise ConfigError(f"--set {text!r}: expected section.key=value, for example --set train.max_updates=2000")
+        key = text.split("=", 1)[0].strip()
+        owners = [name for name, kind in _SECTION_TYPES.items() if key in {f.name for f in dataclasses.fields(kind)}]
+        hint = f"did you mean --set {owners[0]}.{text}?" if owners else "for example --set train.max_updates=2000"
+        raise ConfigError(f"--set {text!r}: expected section.key=value; {hint}")
     dotted, value = text.split("=", 1)
     section, key = dotted.split(".", 1)
     try:
@@ -449,6 +452,15 @@ def _validate_schedule(tc: TrainConfig) -> None:
 
 def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
+
+
+def field_differences(a: Any, b: Any, prefix: str = "") -> str:
+    """The fields in which two dataclasses of one type differ, as ``prefix.name a ≠ b`` joined by commas."""
+    return ", ".join(
+        f"{prefix}{f.name} {getattr(a, f.name)} ≠ {getattr(b, f.name)}"
+        for f in dataclasses.fields(a)
+        if getattr(a, f.name) != getattr(b, f.name)
+    )
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

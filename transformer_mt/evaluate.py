@@ -26,7 +26,7 @@ from typing import Any
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
-from transformer_mt.data.testsets import TESTSETS, check_testset_name, fetch_testset
+from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
 
@@ -155,8 +155,11 @@ def format_scores(scores: dict[str, Any]) -> str:
         [
             f"sacreBLEU   {s['score']:6.2f}  {precisions} BP {s['bp']:.3f}  {s['signature']}",
             f"chrF2       {c['score']:6.2f}  {c['signature']}",
-            *([f"TER         {scores['ter']['score']:6.2f}  {scores['ter']['signature']} (lower is better)"]
-              if "ter" in scores else []),
+            *(
+                [f"TER         {scores['ter']['score']:6.2f}  {scores['ter']['signature']} (lower is better)"]
+                if "ter" in scores
+                else []
+            ),
             f"paper BLEU  {p['score']:6.2f}  {p['metric']}; the metric of the paper's tables",
         ]
     )
@@ -226,8 +229,12 @@ def evaluate_checkpoint(
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
-    if testset is not None and src is None and testset not in CONFIG_SPLITS:
-        check_testset_name(testset)  # before loading any model
+    if testset is not None and src is None and testset not in CONFIG_SPLITS and testset not in TESTSETS:
+        raise EvaluateError(  # before loading any model
+            f"unknown test set {testset!r}; known: test and valid (the checkpoint config's own data.test and "
+            f"data.valid files), {', '.join(TESTSETS)} (downloaded by sacreBLEU); or pass local files with --src "
+            "and --ref"
+        )
     translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
     data = translator.cfg.data
     src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))

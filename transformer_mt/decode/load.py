@@ -15,6 +15,7 @@ layers. Decoding flags (``--beam``, ``--lenpen``, ``--nbest``,
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from transformer_mt.checkpoint import Checkpoint, read_average
+from transformer_mt.checkpoint import Checkpoint, read_average, run_dir_checkpoint
 from transformer_mt.config import Config, ConfigError, apply_override, config_from_dict, parse_override, validate
 from transformer_mt.data.bpe import PAD, load_bpe_bytes
 from transformer_mt.errors import UserError
@@ -169,9 +170,17 @@ def for_decoding(model: Transformer, cfg: Config) -> Transformer:
 
 
 def _paths(paths: Sequence[str | Path]) -> list[Path]:
+    """The checkpoint files of ``-c``: a run directory stands for its average.pt, else its checkpoint_best.pt
+    (said on stderr); a directory with neither is refused by `read_checkpoint`, naming what to pass."""
     if not paths:
         raise LoadError("no checkpoint given; pass one or more with -c CHECKPOINT")
-    return [Path(p) for p in paths]
+    files = []
+    for path in map(Path, paths):
+        chosen = run_dir_checkpoint(path)
+        if chosen is not None:
+            print(f"{path} is a run directory: decoding with {chosen}", file=sys.stderr)
+        files.append(chosen or path)
+    return files
 
 
 def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:

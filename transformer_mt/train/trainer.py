@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config, config_from_dict, field_differences
 from transformer_mt.data.batching import epoch_batches, resume_position
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
 from transformer_mt.malloc import release_free_memory
@@ -180,7 +180,8 @@ class Trainer:
         saved = config_from_dict(ck.config, origin=str(path))
         if saved.model != self.cfg.model:
             raise TrainError(
-                f"{path} holds a different model ({saved.model}) than the config ({self.cfg.model}); "
+                f"{path} holds a different model than the config: "
+                f"{field_differences(saved.model, self.cfg.model, 'model.')} (the checkpoint's value first); "
                 "use a new train.save_dir, or restore the model section the run was started with"
             )
         self.stepper.module.load_state_dict(ck.model)
