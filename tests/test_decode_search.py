@@ -420,6 +420,19 @@ def test_real_cached_equals_uncached(tiny_model: Transformer) -> None:
         assert [h.score for h in c] == pytest.approx([h.score for h in p], abs=1e-4)
 
 
+def test_the_cache_grows_past_its_first_capacity_exactly(tiny_model: Transformer) -> None:
+    """The cache starts at MIN_CAPACITY positions and doubles: hypotheses longer than that decode as uncached."""
+    from transformer_mt.model.cache import MIN_CAPACITY
+
+    src = real_src([5, 9, 3, 7], seed=2)
+    cached = beam_search(tiny_model, src, beam_size=3, nbest=3, max_len_a=0.0, max_len_b=40)
+    plain = beam_search(tiny_model, src, beam_size=3, nbest=3, max_len_a=0.0, max_len_b=40, use_cache=False)
+    assert max(len(h.tokens) for hyps in cached for h in hyps) > 2 * MIN_CAPACITY  # grown twice
+    for c, p in zip(cached, plain, strict=True):
+        assert hyp_tuples(c) == hyp_tuples(p)
+        assert [h.score for h in c] == pytest.approx([h.score for h in p], abs=1e-4)
+
+
 def test_real_batched_equals_one_at_a_time(tiny_model: Transformer) -> None:
     lengths = [5, 9, 3, 1, 12]
     src = real_src(lengths, seed=1)

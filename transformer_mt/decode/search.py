@@ -69,6 +69,7 @@ import torch
 from torch import Tensor
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
+from transformer_mt.model.cache import MIN_CAPACITY
 
 NEG_INF = float("-inf")
 
@@ -220,7 +221,10 @@ def _start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool) -> _Beams:
     """
     B = src.shape[0]
     enc = model.encode(src)
-    cache = model.init_cache(enc, beams=1, capacity=int(max_len.max()) + 1) if use_cache else None  # BOS + output
+    # BOS + output at most; the buffers start at MIN_CAPACITY positions and double as the longest hypothesis grows,
+    # so a batch holds what its sentences reach, not room for every sentence's maximum length (memory; the same output)
+    capacity = min(int(max_len.max()) + 1, MIN_CAPACITY)
+    cache = model.init_cache(enc, beams=1, capacity=capacity) if use_cache else None
     scores = torch.zeros((B, 1), device=src.device)
     tokens = torch.full((B, 1), BOS, dtype=torch.long, device=src.device)
     return _Beams(torch.arange(B, device=src.device), max_len.to(src.device), tokens, scores, enc, cache)

@@ -38,6 +38,7 @@ from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, 
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
+from transformer_mt.malloc import release_free_memory
 from transformer_mt.model.transformer import Transformer
 
 
@@ -179,6 +180,7 @@ class Translator:
                 for i, hyps in zip(batch, self._translate_batch([ids[i] for i in batch], nbest), strict=True):
                     results[i] = hyps
                 bar.update(len(batch))
+                release_free_memory()  # what the batch freed goes back to the system: memory stays at one batch's
         return results
 
     def encode(self, index: int, line: str) -> list[int]:

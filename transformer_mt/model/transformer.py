@@ -266,8 +266,10 @@ class Transformer(nn.Module):
         keys/values once per sentence.
 
         Rows r*beams .. r*beams+beams-1 of a decode batch belong to sentence r.
-        ``capacity`` target positions are allocated at the first step; beam
-        search passes the most it can decode, so the cache never has to grow.
+        ``capacity`` target positions are allocated at the first step, and a
+        full buffer doubles (`model.cache`); beam search starts small, so a
+        batch holds room for what its hypotheses reach, not for every
+        sentence's maximum length.
         """
         layers = []
         for layer in self.decoder:

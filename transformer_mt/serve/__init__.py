@@ -16,12 +16,13 @@ only this package imports them, when `tmt serve` runs.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from transformer_mt.errors import UserError
 
@@ -74,7 +75,7 @@ def serve(
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize)
-    app = build_app(batcher, info, limits)
+    app = build_app(batcher, info, limits, start_worker=False)
     print(
         f"serving {info.model} ({translator.cfg.data.src_lang} -> {translator.cfg.data.tgt_lang}, {engine}, "
         f"{info.device}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
@@ -82,23 +83,37 @@ def serve(
         flush=True,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", ws="websockets-sansio")
-    with _quiet_signals():
-        uvicorn.Server(config).run(sockets=[sock])
+    run_in_main_thread(uvicorn.Server(config), sock, batcher)
 
 
-@contextlib.contextmanager
-def _quiet_signals() -> Iterator[None]:
-    """SIGTERM and SIGINT end the server by its graceful shutdown, then the process exits 0.
+def run_in_main_thread(server: Any, sock: socket.socket, batcher: Any) -> None:
+    """The model's worker in this (the main) thread, the HTTP server on another; SIGTERM or Ctrl-C stops both.
 
-    uvicorn handles both while it serves, then hands a caught signal to the
-    handler it found, so that the default one would kill the process (exit
-    -15) after the shutdown that already ran: the handlers here take it.
+    The worker runs here because PyTorch's small operators are much slower on
+    other threads (`Batcher.run`). A signal asks uvicorn to shut down: it
+    stops listening, answers what is in flight, and its lifespan closes the
+    batcher, which finishes its queue; a second signal stops at once.
     """
-    caught = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def stop(signum: int, frame: object) -> None:
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            batcher.close()  # whatever ended the server (a failed start included) ends the worker loop too
+
+    web = threading.Thread(target=http, name="tmt-serve-http")
     try:
-        yield
+        web.start()
+        batcher.run()
+        web.join()
     finally:
-        for sig, handler in caught.items():
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 

@@ -52,8 +52,9 @@ class ServerInfo:
     started: float = field(default_factory=time.monotonic)
 
 
-def build_app(batcher: Batcher, info: ServerInfo, limits: Limits) -> Starlette:
-    """The app: routes over ``batcher``; its lifespan starts the worker and, at shutdown, lets it finish."""
+def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True) -> Starlette:
+    """The app: routes over ``batcher``; its lifespan starts the worker (unless ``start_worker`` is False: the
+    caller runs it) and, at shutdown, lets it finish."""
     cfg = batcher.translator.cfg
 
     async def submit(job: Job) -> list:
@@ -146,7 +147,8 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         """The worker starts with the app; at shutdown, after in-flight requests are answered, it finishes."""
-        batcher.start()
+        if start_worker:
+            batcher.start()
         try:
             yield
         finally:

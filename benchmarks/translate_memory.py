@@ -1,0 +1,106 @@
+"""Whole-process wall time and peak resident memory of `tmt translate` beside CTranslate2, on real text.
+
+Each engine runs in a fresh process, as a user runs it; the peak resident
+size is the kernel's (``ru_maxrss`` of the waited-for child, `os.wait4`), so
+imports, the model and every buffer count. Both decode the same model: the
+checkpoint, and its `tmt export ctranslate2` directory (written here when
+``--ct2`` is not given), int8, beam 4, fairseq's length penalty, k_finished
+stopping, no n-gram block, 4000 source tokens per batch, 2 threads: the
+settings of shared/BENCHMARKS.md's real-text comparison. Also reported:
+`tmt translate` of a single line (what importing torch and loading cost),
+and how many lines the two engines translate alike.
+
+    python benchmarks/translate_memory.py -c runs/multi30k/average.pt --text ../shared/data/multi30k/test.en
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SETTINGS = ["--quantize", "int8", "--batch-tokens", "4000", "--set", "decode.len_penalty_form=fairseq",
+            "--set", "decode.stopping=k_finished", "--set", "decode.no_repeat_ngram=0"]  # fmt: skip
+
+CT2_SCRIPT = """
+import sys, unicodedata, re
+import ctranslate2, sentencepiece as spm
+directory, src, out, lenpen = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+sp = spm.SentencePieceProcessor(model_file=directory + "/spm.model")
+drop = re.compile("[\\x00-\\x08\\x0e-\\x1b\\x7f-\\x84\\x86-\\x9f\\u200b-\\u200d\\u2060\\ufeff\\u00ad]")
+lines = [" ".join(drop.sub("", unicodedata.normalize("NFC", l)).split()) for l in open(src, encoding="utf-8").read().split("\\n")[:-1]]
+engine = ctranslate2.Translator(directory, device="cpu", compute_type="int8", inter_threads=1, intra_threads=2)
+tokens = [sp.encode(l, out_type=str) if l else [] for l in lines]
+todo = [i for i, t in enumerate(tokens) if t]
+results = engine.translate_batch([tokens[i] for i in todo], beam_size=4, length_penalty=lenpen, max_batch_size=4000,
+    batch_type="tokens", max_decoding_length=256, suppress_sequences=[["<pad>"], ["<s>"]])
+outputs = [""] * len(lines)
+for i, r in zip(todo, results):
+    outputs[i] = sp.decode_pieces(r.hypotheses[0])
+open(out, "w", encoding="utf-8").write("".join(o + "\\n" for o in outputs))
+"""
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, peak resident MiB) of ``cmd`` run to its end."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--checkpoint", type=Path, required=True)
+    parser.add_argument("--text", type=Path, required=True)
+    parser.add_argument("--ct2", type=Path, default=None, help="a `tmt export ctranslate2` directory of -c")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each, in turn; the median is reported")
+    parser.add_argument("--lenpen", type=float, default=0.6)
+    args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    tmp = Path(tempfile.mkdtemp())
+    ct2 = args.ct2 or tmp / "ct2"
+    if args.ct2 is None:
+        subprocess.run([sys.executable, "-m", "transformer_mt", "export", "ctranslate2", "-c", str(args.checkpoint),
+                        "-o", str(ct2)], check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    one = tmp / "one.en"
+    one.write_text(args.text.read_text(encoding="utf-8").split("\n")[0] + "\n", encoding="utf-8")
+    tmt = [sys.executable, "-m", "transformer_mt", "translate", "-c", str(args.checkpoint), *SETTINGS,
+           "--lenpen", str(args.lenpen)]  # fmt: skip
+    runs = {
+        "tmt translate --quantize int8": tmt + ["-i", str(args.text), "-o", str(tmp / "tmt.de")],
+        "CTranslate2 int8 (Python API)": [
+            sys.executable,
+            "-c",
+            CT2_SCRIPT,
+            str(ct2),
+            str(args.text),
+            str(tmp / "ct2.de"),
+            str(args.lenpen),
+        ],  # fmt: skip
+        "tmt translate of one line": tmt + ["-i", str(one), "-o", str(tmp / "one.de")],
+    }
+    found: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, cmd in runs.items():
+            found[name].append(measure(cmd, env))
+    ours = (tmp / "tmt.de").read_text(encoding="utf-8").split("\n")
+    theirs = (tmp / "ct2.de").read_text(encoding="utf-8").split("\n")
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True)) - 1  # the split's empty last element
+    print(f"{len(ours) - 1} lines, {same} translated alike; medians of {args.rounds} rounds, engines in turn")
+    print("| | wall s | peak RSS MiB | all rounds (s / MiB) |\n| --- | --- | --- | --- |")
+    for name, values in found.items():
+        walls, peaks = sorted(v[0] for v in values), sorted(v[1] for v in values)
+        rounds = ", ".join(f"{w:.1f}/{p:.0f}" for w, p in values)
+        print(f"| {name} | {walls[len(walls) // 2]:.1f} | {peaks[len(peaks) // 2]:.0f} | {rounds} |")
+
+
+if __name__ == "__main__":
+    main()
