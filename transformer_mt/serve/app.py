@@ -23,7 +23,6 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
-from transformer_mt.config import ConfigError
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.protocol import (
@@ -39,6 +38,12 @@ from transformer_mt.serve.protocol import (
 )
 
 RETRY_AFTER_S = 1  # what a 429 asks a client to wait
+
+
+def refusal(err: RequestError) -> JSONResponse:
+    """The JSON error answer of ``err``; a full queue (429) also says when to retry."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 429 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 @dataclass
@@ -93,10 +98,9 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: 
         try:
             return JSONResponse(await respond(parse(await body(request))))
         except RequestError as err:
-            headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 429 else None
-            return JSONResponse(err.body(), status_code=err.status, headers=headers)
-        except (ConfigError, UserError) as err:
-            return JSONResponse({"error": " ".join(str(err).split()), "field": None}, status_code=400)
+            return refusal(err)
+        except UserError as err:  # a decoding setting the config refuses
+            return refusal(RequestError(400, " ".join(str(err).split())))
 
     async def attention(request: Request) -> Response:
         """The demo page's heat map: one sentence's cross-attention, mean over the heads of one layer."""
@@ -116,9 +120,9 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: 
             except (QueueFull, ShuttingDown) as err:
                 raise RequestError(429 if isinstance(err, QueueFull) else 503, str(err)) from None
         except RequestError as err:
-            return JSONResponse(err.body(), status_code=err.status)
+            return refusal(err)
         except AttentionError as err:
-            return JSONResponse({"error": str(err).replace("--", ""), "field": "text"}, status_code=400)
+            return refusal(RequestError(400, str(err).replace("--", ""), "text"))
         panel = found.panel
         return JSONResponse({
             "translation": found.target, "title": panel.title, "queries": panel.queries, "keys": panel.keys,
