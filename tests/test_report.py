@@ -77,6 +77,7 @@ def test_report_of_the_toy_run_lists_it_with_its_own_figures(toy_run: Path) -> N
     text = report_markdown([run])
     assert_every_paper_figure_is_labelled(text)
     (line,) = table(text, "Runs that are no row")
+    assert text.index("Runs that are no row") < text.index("## Table 2")  # the user's own run first
     scores = json.loads((toy_run / "eval_toy-test" / "scores.json").read_text())
     valid = [json.loads(r) for r in (toy_run / "metrics.jsonl").read_text().splitlines() if '"valid"' in r]
     vocab = run.start["vocab_size"]

@@ -3,7 +3,7 @@
 Every figure of both tables is printed on a line marked ``paper``; under it
 come the runs that match the row (`transformer_mt.paper.table2_row`,
 `table3_row`: by model and regularization, not by name), or a line saying
-"not run". Runs that match no row get a table of their own. Everything is
+"not run". Runs that match no row get a table of their own, first. Everything is
 read from the run directories (`transformer_mt.runs`).
 
 The two BLEU figures of `tmt evaluate` are both shown, each labelled: the
@@ -227,13 +227,13 @@ def report_markdown(runs: Sequence[Run]) -> str:
             other.append(run)
     listed = ", ".join(f"`{run.path}`" for run in runs) or "none"
     lines = ["# tmt report: the paper's tables beside your runs", "", f"Runs: {listed}.", "", NOTES]
+    if other:  # a run on one's own corpus first, before some 50 rows of the paper's
+        lines += ["## Runs that are no row of the paper's tables", ""]
+        lines += _table(OTHER_HEADER, [line for run in other for line in _other_lines(run)]) + [""]
     lines += ["## Table 2: newstest2014, BLEU and training cost", ""]
     lines += _table(TABLE2_HEADER, [line for row in TABLE2 for line in _table2_lines(row, table2[row.model])])
     lines += ["", "## Table 3: variations of the base model, newstest2013 (dev)", ""]
     lines += _table(TABLE3_HEADER, [line for row in TABLE3 for line in _table3_lines(row, table3[row.name])])
-    if other:
-        lines += ["", "## Runs that are no row of the paper's tables", ""]
-        lines += _table(OTHER_HEADER, [line for run in other for line in _other_lines(run)])
     return "\n".join(lines) + "\n"
 
 
