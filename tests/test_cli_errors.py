@@ -191,3 +191,40 @@ def test_ctrl_c_in_interactive_translation_exits_130_quietly(ckpt: Path) -> None
         proc.kill()
     assert first.endswith(b"\n") and rest == b""
     assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["translate", "-c", "{ck}", "-i", "{text}", "-o", "{below}/out.de"],
+        ["evaluate", "-c", "{ck}", "--src", "{text}", "--ref", "{text}", "-o", "{below}/eval"],
+        ["score", "--hyp", "{text}", "--ref", "{text}", "-o", "{below}/scored"],
+        ["average", "{ck}", "{ck}", "-o", "{below}/avg.pt"],
+        ["export", "spm", "-c", "{ck}", "-o", "{below}/spm.model"],
+        ["export", "hf", "-c", "{ck}", "-o", "{below}/hf"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt: Path, tmp_path: Path) -> None:
+    """-o below a regular file: refused before any work, one line, exit 2, nothing written."""
+    below = tmp_path / "a_file"
+    below.write_text("not a directory\n")
+    text = tmp_path / "in.en"
+    text.write_text("a b c\n")
+    args = [part.format(ck=toy_ckpt, text=text, below=below) for part in command]
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_mt", *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and str(below) in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert below.read_text() == "not a directory\n"
+
+
+def test_a_closed_stdout_is_one_line(toy_ckpt: Path, tmp_path: Path) -> None:
+    text = tmp_path / "in.en"
+    text.write_text("a b c\n")
+    cmd = f"{sys.executable} -m transformer_mt translate -c {toy_ckpt} -i {text} >&-"
+    result = subprocess.run(["bash", "-c", cmd], capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 2 and "standard output is closed" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

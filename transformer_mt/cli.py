@@ -38,6 +38,20 @@ class Commands(TyperGroup):
         except UserError as err:
             typer.secho(f"error: {' '.join(str(err).split())}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+        except OSError as err:  # a path of the user's (below a file, not writable, a full disk): theirs to fix
+            if err.filename is None:
+                raise
+            typer.secho(f"error: {os_error_message(err)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+
+def os_error_message(err: OSError) -> str:
+    """One line for an OSError about a path: which path, what the system said, and what to check."""
+    where = f"{err.filename}" + (f" -> {err.filename2}" if err.filename2 else "")
+    return (
+        f"{where}: {err.strerror or err}; check that every directory on the path exists and is yours to write, "
+        "and that the disk has room"
+    )
 
 
 app = typer.Typer(
@@ -382,6 +396,8 @@ def translate(
     settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
     if output is not None:
         check_output_file(output, example="translations.txt")
+    elif sys.stdout is None:
+        raise UserError("standard output is closed, so the translations have nowhere to go; pass -o FILE")
     terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
     stream = stream_lines(buffer_lines, input, output, terminal)
     if stream is None:

@@ -28,7 +28,7 @@ from transformer_mt.config import DataConfig
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.errors import UserError
-from transformer_mt.files import atomic_write_lines
+from transformer_mt.files import atomic_write_lines, check_output_parent
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -229,6 +229,8 @@ def evaluate_checkpoint(
 
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
+    if output is not None:
+        check_output_parent(Path(output) / "scores.json")
     if testset is not None and src is None and testset not in CONFIG_SPLITS and testset not in TESTSETS:
         raise EvaluateError(  # before loading any model
             f"unknown test set {testset!r}; known: test and valid (the checkpoint config's own data.test and "

@@ -84,6 +84,24 @@ def check_output_file(path: str | Path, flag: str = "-o", example: str = "out.tx
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory; {flag} names the output file, e.g. {flag} {path / example}")
+    check_output_parent(path, flag)
+
+
+def check_output_parent(path: str | Path, flag: str = "-o") -> None:
+    """Refuse, before any work, an output path below a regular file, or in a directory this process cannot write.
+
+    The first ancestor that exists must be a directory we may create
+    entries in; the directories below it are created when the output is
+    written.
+    """
+    path = Path(path).absolute()
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is None:
+        return
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, not a directory; choose an output path in a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: no permission to write in {parent}; choose a directory you can write to")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -34,7 +34,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
 from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError
-from transformer_mt.files import atomic_open, check_output_file
+from transformer_mt.files import atomic_open, check_output_file, check_output_parent
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 
@@ -58,6 +58,7 @@ def export_ctranslate2(
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; choose another -o or pass --force to replace it")
+    check_output_parent(out)
     ct2 = require_ctranslate2()
     from transformer_mt.export.ctranslate2_spec import TmtConverter
 

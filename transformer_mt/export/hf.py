@@ -54,6 +54,7 @@ from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.data.clean import _DROP, normalize
 from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError
+from transformer_mt.files import check_output_parent
 from transformer_mt.model.transformer import Transformer
 
 
@@ -391,6 +392,7 @@ def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = 
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; choose another -o or pass --force to replace it")
+    check_output_parent(out)
     paths = [Path(p) for p in checkpoints]
     loaded = load_model(paths, device="cpu", overrides=["decode.quantize=none"])
     check_marian(loaded.config.model)
