@@ -642,5 +642,9 @@ def test_the_wall_clock_budget_counts_the_minutes_before_a_resume(prepared_toy, 
     assert 0 < state["minutes"] < 5
     state["minutes"] = 30.0  # as if this run had already trained for half an hour
     save_checkpoint(run / checkpoint_name(2), state)
+    files = {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")}
     result = train_model(_cfg(prepared_toy, run, max_updates=50, max_minutes=30, validate_every=100))
-    assert result.update == 3 and result.stop_reason == "max_minutes=30"  # one update, then the budget is spent
+    assert result.update == 2 and result.stop_reason == "max_minutes=30"  # spent already: not one more update
+    assert {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")} == files  # nothing written or rotated
+    result = train_model(_cfg(prepared_toy, run, max_updates=3, max_minutes=31, validate_every=100))
+    assert result.update == 3  # a higher budget continues the run

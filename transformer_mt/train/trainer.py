@@ -567,6 +567,8 @@ class Trainer:
         window = self.window
         if tc.max_updates > 0 and p.update >= tc.max_updates:
             self.stop_reason = f"max_updates={tc.max_updates}"
+        elif p.update > 0 and tc.max_minutes > 0 and p.minutes >= tc.max_minutes:
+            self.stop_reason = f"max_minutes={tc.max_minutes}"  # spent before this process: no update at lr 0
         else:
             for (_, epoch, position), batches in prefetched(self._updates(), self._collate):
                 p.epoch, p.batch_in_epoch = epoch, position
