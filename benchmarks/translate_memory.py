@@ -31,6 +31,7 @@ import sys, unicodedata, re
 import ctranslate2, sentencepiece as spm
 directory, src, out, lenpen = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 sp = spm.SentencePieceProcessor(model_file=directory + "/spm.model")
+# tmt's normalize (transformer_mt/data/clean.py), restated so that the peer's process imports nothing of tmt
 drop = re.compile("[\\x00-\\x08\\x0e-\\x1b\\x7f-\\x84\\x86-\\x9f\\u200b-\\u200d\\u2060\\ufeff\\u00ad]")
 lines = [" ".join(drop.sub("", unicodedata.normalize("NFC", l)).split()) for l in open(src, encoding="utf-8").read().split("\\n")[:-1]]
 engine = ctranslate2.Translator(directory, device="cpu", compute_type="int8", inter_threads=1, intra_threads=2)

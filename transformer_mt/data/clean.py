@@ -18,7 +18,7 @@ from transformer_mt.errors import UserError
 
 # Control characters (Unicode category Cc) that are not whitespace, and invisible format characters
 # (zero-width spaces and joiners, word joiner, byte order mark, soft hyphen) that only break tokens apart.
-_DROP = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u200b-\u200d\u2060\ufeff\u00ad]")
+DROPPED = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u200b-\u200d\u2060\ufeff\u00ad]")
 
 # Filter reasons, in the order they are tested, as reported by `tmt prepare`.
 EMPTY = "empty side"
@@ -34,7 +34,7 @@ def normalize(text: str) -> str:
     joined only by a tab stay apart.
     """
     text = unicodedata.normalize("NFC", text)
-    return " ".join(_DROP.sub("", text).split())
+    return " ".join(DROPPED.sub("", text).split())
 
 
 def filter_reason(src: str, tgt: str, max_len: int, max_ratio: float) -> str | None:
