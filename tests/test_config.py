@@ -106,6 +106,12 @@ def test_set_values_parse_as_yaml():
 def test_cross_key_validation():
     with pytest.raises(ConfigError, match=r"divisible by model\.heads \(3\); try heads="):
         load_config(None, ["model.heads=3"])
+    with pytest.raises(ConfigError, match=r"train\.save_dir is empty"):
+        load_config(None, ["train.save_dir="])
+    with pytest.raises(ConfigError, match=r"train\.weight_decay must be 0"):
+        load_config(None, ["train.weight_decay=-1"])
+    with pytest.raises(ConfigError, match=r"train\.max_updates 100000000000000000000000000000 is past any run"):
+        load_config(None, ["train.max_updates=100000000000000000000000000000"])
     with pytest.raises(ConfigError, match=r"model\.heads must be positive, got 0"):  # not a ZeroDivisionError
         load_config(None, ["model.heads=0"])
     with pytest.raises(ConfigError, match=r"decode\.len_penalty must be a number"):

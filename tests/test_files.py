@@ -106,3 +106,18 @@ def test_remove_leftovers_takes_only_the_owned_pattern_in_that_directory(tmp_pat
     link.symlink_to(outside)
     assert remove_leftovers(tmp_path, owned) == sorted([*ours, link])
     assert all(p.exists() for p in others) and outside.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("opener", ["atomic_open", "atomic_path"])
+def test_an_interrupt_right_after_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch, opener):
+    """Ctrl-C can land between the creation of the temporary file and the code that would clean it up."""
+    real_open = os.open
+
+    def open_then_interrupt(*args, **kwargs):
+        real_open(*args, **kwargs)  # the file now exists on disk
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), getattr(files, opener)(tmp_path / "out.txt"):
+        pass
+    assert list(tmp_path.iterdir()) == []

@@ -350,11 +350,19 @@ def validate(cfg: Config) -> None:
         )
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
+    if not cfg.train.save_dir.strip():
+        raise ConfigError("train.save_dir is empty; it names the run directory, e.g. runs/my_run")
+    if not (math.isfinite(cfg.train.weight_decay) and cfg.train.weight_decay >= 0):
+        raise ConfigError(f"train.weight_decay must be 0 (the paper: none) or more, got {cfg.train.weight_decay}")
+    for key in ("max_updates", "max_epochs"):
+        if getattr(cfg.train, key) > BUDGET_MAX:
+            raise ConfigError(f"train.{key} {getattr(cfg.train, key)} is past any run (at most {BUDGET_MAX:.0e})")
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
         raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
     _validate_validation(cfg.train)
 
 
+BUDGET_MAX = 10**12  # updates or epochs: a larger count is a typo, and past what a step counter should hold
 SEED_MAX = 2**32 - 1  # numpy's legacy seeding and sentencepiece take 32 bits
 
 

@@ -39,15 +39,17 @@ def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None)
     is removed and the exception propagates; the old ``path`` is kept.
     """
     path = Path(path)
-    fd, tmp = _create_temp(path)
+    names: list[Path] = []  # the temporary file's name, known before it exists: an interrupt at once still removes it
     try:
+        fd = _create_temp(path, names)
         with open(fd, mode, encoding=encoding, newline="\n" if "b" not in mode else None) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(names[-1], path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in names:
+            tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
@@ -62,14 +64,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     any exception the temporary file is removed and the exception propagates.
     """
     path = Path(path)
-    fd, tmp = _create_temp(path)
-    os.close(fd)
+    names: list[Path] = []
     try:
+        os.close(_create_temp(path, names))
+        tmp = names[-1]
         yield tmp
         _fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in names:
+            tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
@@ -139,17 +143,21 @@ def remove_leftovers(directory: str | Path, owned: re.Pattern[str]) -> list[Path
     return sorted(removed)
 
 
-def _create_temp(path: Path) -> tuple[int, Path]:
-    """A new empty file ``.<name>.<random>.tmp`` beside ``path`` and its write descriptor: never an existing file.
+def _create_temp(path: Path, names: list[Path]) -> int:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, its write descriptor: never an existing file.
 
     ``O_EXCL`` refuses any name that exists, a dangling link included, and
-    ``O_NOFOLLOW`` any link; a clash of 64 random bits is simply retried.
+    ``O_NOFOLLOW`` any link; a clash of 64 random bits is simply retried. The
+    name is appended to ``names`` before the file is created (and taken back
+    when the name was someone else's), so that a caller interrupted at any
+    point removes what was created.
     """
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        names.append(path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp"))
         try:
-            return os.open(tmp, _CREATE_FLAGS, 0o666), tmp
+            return os.open(names[-1], _CREATE_FLAGS, 0o666)
         except FileExistsError:
+            names.pop()
             continue
     raise FileExistsError(f"{path.parent}: could not create a temporary file for {path.name} (100 names taken)")
 
