@@ -75,8 +75,13 @@ def decode_flags(
     quantize: str | None = None,
 ) -> list[str]:
     """The ``--set decode.*`` texts that the decoding flags stand for (those not None), in that order."""
-    flags = {"beam_size": beam, "len_penalty": lenpen, "nbest": nbest, "batch_tokens": batch_tokens}
-    flags["quantize"] = quantize
+    flags = {
+        "beam_size": beam,
+        "len_penalty": lenpen,
+        "nbest": nbest,
+        "batch_tokens": batch_tokens,
+        "quantize": quantize,
+    }
     return [f"decode.{key}={value}" for key, value in flags.items() if value is not None]
 
 

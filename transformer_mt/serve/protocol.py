@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformer_mt.config import Config
@@ -74,7 +74,6 @@ class LibreRequest:
     single: bool  # q was a string, not a list: answer with strings
     alternatives: int
     detect: bool  # source "auto": answer with detectedLanguage, as LibreTranslate does
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
