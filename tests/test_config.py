@@ -14,6 +14,7 @@ from transformer_mt.config import (
     load_config,
     parse_override,
     save_config,
+    shipped_configs,
 )
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -41,15 +42,50 @@ def test_precedence_defaults_file_set(tmp_path):
     assert cfg.train.max_tokens == 3125  # default untouched
 
 
-def test_base_inheritance_and_override_order(tmp_path):
+def test_base_inheritance_and_override_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # base: is relative to the working directory, like every path in a config
     _yaml(tmp_path / "root.yaml", "model:\n  d_model: 256\n  heads: 4\ntrain:\n  warmup: 10\n")
     (tmp_path / "sub").mkdir()
-    child = _yaml(tmp_path / "sub" / "child.yaml", "base: ../root.yaml\ntrain:\n  warmup: 20\n")
-    cfg = load_config(child)
+    child = _yaml(tmp_path / "sub" / "child.yaml", "base: root.yaml\ntrain:\n  warmup: 20\n")
+    cfg = load_config("sub/child.yaml")
     assert cfg.model.d_model == 256 and cfg.model.heads == 4 and cfg.train.warmup == 20
+    assert load_config(child) == cfg  # the same from anywhere below the working directory
 
 
-def test_base_loop_is_an_error(tmp_path):
+def test_base_relative_to_the_config_file_is_the_old_rule_and_says_the_new_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    _yaml(tmp_path / "sub" / "root.yaml", "train:\n  warmup: 10\n")
+    _yaml(tmp_path / "sub" / "child.yaml", "base: root.yaml\n")
+    with pytest.raises(ConfigError, match=r"relative to the directory tmt runs in.*write base: sub/root\.yaml$"):
+        load_config("sub/child.yaml")
+
+
+def test_shipped_configs_are_named_with_tmt_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config("tmt:base.yaml") == load_config("tmt:base") == load_config(CONFIGS / "base.yaml")
+    child = _yaml(tmp_path / "mine.yaml", "base: tmt:multi30k.yaml\nmodel:\n  d_model: 128\n")
+    cfg = load_config(child)
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.bpe.vocab_size) == (128, 1024, 8000)
+    assert {"base.yaml", "big.yaml", "toy.yaml", "table3/a_h1.yaml"} <= set(shipped_configs())
+    with pytest.raises(ConfigError, match=r"tmt:bse\.yaml: tmt ships no such config; shipped: tmt:base\.yaml"):
+        load_config("tmt:bse.yaml")
+    with pytest.raises(ConfigError, match="no such config"):
+        load_config("tmt:../../cli.py")  # a name, not a way out of the package
+    _yaml(tmp_path / "old.yaml", "base: base.yaml\n")
+    with pytest.raises(ConfigError, match=r"old\.yaml: base: base\.yaml not found.*write base: tmt:base\.yaml"):
+        load_config("old.yaml")
+
+
+def test_every_shipped_config_loads_and_inherits_by_tmt_name():
+    for name in shipped_configs():
+        text = (CONFIGS / name).read_text(encoding="utf-8")
+        assert "\nbase: " not in text or "\nbase: tmt:" in text, name  # shipped configs work without a checkout
+        load_config(f"tmt:{name}")
+
+
+def test_base_loop_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     _yaml(tmp_path / "a.yaml", "base: b.yaml\n")
     _yaml(tmp_path / "b.yaml", "base: a.yaml\n")
     with pytest.raises(ConfigError, match="loops back"):
@@ -249,7 +285,7 @@ def test_fairseq_replay_config_is_the_published_recipe():
 
 @pytest.mark.parametrize("name", ["base", "big"])
 def test_paper_configs_keep_every_deviation_off(name):
-    cfg = load_config(Path(__file__).parent.parent / "configs" / f"{name}.yaml")
+    cfg = load_config(CONFIGS / f"{name}.yaml")
     m, t, d = cfg.model, cfg.train, cfg.decode
     assert (m.norm, m.positions, m.attention_dropout, m.activation_dropout, m.share_embeddings) == (
         "post", "sinusoidal", 0.0, 0.0, True,

@@ -81,7 +81,13 @@ app = typer.Typer(
 )
 
 ConfigArg = Annotated[
-    Path, typer.Argument(help="YAML config, e.g. configs/base.yaml (see configs/).", show_default=False)
+    Path,
+    typer.Argument(
+        help="YAML config: a file (e.g. one `tmt init` wrote), or tmt:NAME for one shipped with tmt: tmt:base.yaml, "
+        "tmt:big.yaml (the paper's), tmt:multi30k.yaml, tmt:toy.yaml, tmt:table3/... Paths inside a config, base: "
+        "included, are relative to the directory tmt runs in.",
+        show_default=False,
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -146,13 +152,18 @@ def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags:
     return [*(set_ or []), *decode_flags(**flags, quantize=None if quantize is None else quantize.value)]
 
 
-def load(config: Path, overrides: list[str] | None, show: bool = True) -> Config:
-    """Load the config and print it resolved, so that a run's log shows every setting it used."""
+def load(config: Path, overrides: list[str] | None, verbose: bool = False) -> Config:
+    """Load and check the config; print it resolved only when asked (`train` saves it in its run directory)."""
     cfg = load_config(config, overrides or [])
-    if show:
+    if verbose:
         typer.echo(f"# resolved config ({config}{' + --set' if overrides else ''})", err=True)
         typer.echo(cfg.to_yaml(), err=True)
     return cfg
+
+
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Print the resolved config (every key, after base: and --set) first.")
+]
 
 
 @app.command()
@@ -184,6 +195,7 @@ def prepare(
     config: ConfigArg,
     set_: SetOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step even if the outputs are up to date.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Clean the parallel text, learn the joint BPE vocabulary and binarize every split.
 
@@ -200,7 +212,7 @@ def prepare(
     """
     from transformer_mt.data.prepare import prepare_data
 
-    prepare_data(load(config, set_), force=force)
+    prepare_data(load(config, set_, verbose), force=force)
 
 
 @app.command("data-stats")
@@ -208,7 +220,7 @@ def data_stats(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print sentence and token counts, length percentiles and padding at train.max_tokens."""
     from transformer_mt.data.stats import format_stats
 
-    typer.echo(format_stats(load(config, set_, show=False)))
+    typer.echo(format_stats(load(config, set_)))
 
 
 @app.command()
@@ -218,6 +230,7 @@ def train(
     nproc_per_node: Annotated[
         int, typer.Option("--nproc-per-node", help="Launch this many processes with torchrun (DDP) on this host.")
     ] = 0,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train the model; resumes from the newest checkpoint in train.save_dir.
 
@@ -249,8 +262,16 @@ def train(
     from transformer_mt.train.trainer import train_model
 
     if nproc_per_node > 0:
-        raise typer.Exit(launch_torchrun(nproc_per_node, ["train", str(config), *_set_args(set_)]))
-    train_model(load(config, set_, show=os.environ.get("RANK", "0") == "0"))
+        args = ["train", str(config), *_set_args(set_), *(["--verbose"] if verbose else [])]
+        raise typer.Exit(launch_torchrun(nproc_per_node, args))
+    main = os.environ.get("RANK", "0") == "0"
+    cfg = load(config, set_, verbose and main)
+    if main:
+        given = f"{config}{f' + {len(set_)} --set' if set_ else ''}"
+        typer.echo(
+            f"resolved config ({given}): {Path(cfg.train.save_dir) / 'config.yaml'}, --verbose prints it", err=True
+        )
+    train_model(cfg)
 
 
 def _set_args(overrides: list[str] | None) -> list[str]:

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,18 +232,58 @@ def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> Config:
     return cfg
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...], referrer: Path | None = None) -> list[tuple[dict[str, Any], str]]:
+PACKAGED = "tmt:"  # `base: tmt:base.yaml`, `tmt train tmt:toy.yaml`: a config shipped inside the package
+PACKAGED_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs shipped with tmt, as ``tmt:NAME`` takes them (``table3/a_h1.yaml`` ...)."""
+    return sorted(str(p.relative_to(PACKAGED_DIR)) for p in PACKAGED_DIR.rglob("*.yaml"))
+
+
+def config_path(name: str | Path) -> Path:
+    """The file a config name means: ``tmt:NAME`` is a config shipped with tmt, anything else a path.
+
+    One rule for every path in a config, ``base:`` included: a path is
+    relative to the working directory (the directory tmt runs in), as the
+    data, ``data.dir`` and ``train.save_dir`` paths always were. A copied
+    config therefore keeps working wherever it goes as long as it is run
+    from the same place, and ``tmt:`` reaches the shipped configs from any
+    directory, with or without a checkout (``pip install`` ships them).
+    """
+    text = str(name)
+    if not text.startswith(PACKAGED):
+        return Path(text)
+    short = text[len(PACKAGED) :]
+    path = PACKAGED_DIR / (short if short.endswith((".yaml", ".yml")) else f"{short}.yaml")
+    if not path.is_file() or PACKAGED_DIR not in path.resolve().parents:
+        known = ", ".join(f"tmt:{n}" for n in shipped_configs() if "/" not in n)
+        raise ConfigError(f"{text}: tmt ships no such config; shipped: {known} (and tmt:table3/...)")
+    return path
+
+
+def _missing_base(base: str, path: Path, referrer: Path) -> ConfigError:
+    """The fix for a ``base:`` that names no file; a path relative to the referring file was the old rule."""
+    beside = referrer.parent / base
+    if beside.is_file() and beside.resolve() != path.resolve():
+        hint = (
+            f"paths in a config are relative to the directory tmt runs in, not to the config file: write "
+            f"base: {os.path.relpath(beside)}" + (f" or base: tmt:{base}" if (PACKAGED_DIR / base).is_file() else "")
+        )
+    elif (PACKAGED_DIR / base).is_file():
+        hint = f"for the config shipped with tmt write base: tmt:{base}"
+    else:
+        hint = "fix the base: line (paths are relative to the directory tmt runs in; tmt:NAME: a shipped config)"
+    return ConfigError(f"{referrer}: base: {base} not found (looked for {path}); {hint}")
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any], str]]:
     """Read ``path`` and the files it inherits from, oldest ancestor first.
 
     A missing base is reported with the file whose ``base:`` names it: the
-    fix is in that file, and a path relative to it is easy to get wrong.
+    fix is in that file.
     """
     if not path.is_file():
-        if referrer is not None:
-            raise ConfigError(
-                f"{referrer}: base: {path.name} not found (looked for {path}, relative to {referrer}); "
-                "fix the base: line or create that file"
-            )
         raise ConfigError(f"config file not found: {path}")
     if path.resolve() in chain:
         raise ConfigError(f"{path}: 'base:' inheritance loops back to {path}")
@@ -255,8 +296,19 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], referrer: Path | None = None
     layers: list[tuple[dict[str, Any], str]] = []
     base = raw.pop("base", None)
     if base is not None:
-        layers = _read_yaml((path.parent / str(base)), chain + (path.resolve(),), referrer=path)
-    return layers + [(raw, str(path))]
+        base_path = config_path(str(base))
+        if not base_path.is_file():
+            raise _missing_base(str(base), base_path, path)
+        layers = _read_yaml(base_path, chain + (path.resolve(),))
+    return layers + [(raw, _origin(path))]
+
+
+def _origin(path: Path) -> str:
+    """How errors name a config file: a shipped one by its ``tmt:`` name, not its site-packages path."""
+    resolved = path.resolve()
+    if PACKAGED_DIR in resolved.parents:
+        return f"{PACKAGED}{resolved.relative_to(PACKAGED_DIR)}"
+    return str(path)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -279,7 +331,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Defaults, then the YAML file and its ``base:`` ancestors, then ``--set`` overrides."""
     cfg = Config()
     if path is not None:
-        for raw, origin in _read_yaml(Path(path), ()):
+        for raw, origin in _read_yaml(config_path(path), ()):
             cfg = _apply(cfg, raw, origin)
     for text in overrides:
         cfg = apply_override(cfg, text)

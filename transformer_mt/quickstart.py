@@ -2,7 +2,7 @@
 
 synth -> prepare -> train -> average -> translate and score, each stage the
 same function its own `tmt` command calls, so the quickstart exercises exactly
-what a real run uses. Settings come from ``configs/toy.yaml``; only the paths
+what a real run uses. Settings come from the shipped ``tmt:toy.yaml``; only the paths
 are moved under the work directory.
 """
 
@@ -14,20 +14,15 @@ from pathlib import Path
 
 import typer
 
-from transformer_mt.config import Config, ConfigError, load_config
+from transformer_mt.config import Config, load_config
 from transformer_mt.data.clean import read_lines
 
-TOY_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "toy.yaml"
+TOY_CONFIG = "tmt:toy.yaml"
 EXAMPLES = 3
 
 
-def quickstart_config(workdir: Path, config: Path = TOY_CONFIG, overrides: tuple[str, ...] = ()) -> Config:
-    """The toy config with every path moved under ``workdir``."""
-    if not config.is_file():
-        raise ConfigError(
-            f"{config} not found: install tmt from a source checkout with `pip install -e .` (the quickstart "
-            "reads the repository's configs/toy.yaml)"
-        )
+def quickstart_config(workdir: Path, config: str | Path = TOY_CONFIG, overrides: tuple[str, ...] = ()) -> Config:
+    """The toy config (shipped with tmt, so no checkout is needed) with every path moved under ``workdir``."""
     corpus, w = workdir / "corpus", workdir
     paths = [
         f"data.train={corpus / 'train'}",
