@@ -156,6 +156,19 @@ def test_missing_file_names_it_and_the_key(small):
         prepare_data(_config(small))
 
 
+def test_missing_file_hints_at_the_toy_corpus_or_wmt_only_for_their_paths(small):
+    (small / "c" / "test.de").unlink()
+    with pytest.raises(PrepareError) as own:
+        prepare_data(_config(small))
+    assert "toy" not in str(own.value) and "download" not in str(own.value)  # one's own data: no advice about others
+    toy = _config(small, f"data.test={small}/toy/corpus/test")
+    with pytest.raises(PrepareError, match=r"toy/corpus/test\.en.*for the toy corpus run `tmt synth`"):
+        prepare_data(toy)
+    wmt = _config(small, f"data.test={small}/data/wmt14_en_de/newstest2014")
+    with pytest.raises(PrepareError, match=r"fetch it with `tmt download wmt14 --pair en-de`"):
+        prepare_data(wmt)
+
+
 def test_empty_after_filtering_gives_counts_and_keys(tmp_path):
     _write(tmp_path, "train", ["a b c d"] * 5 + [""], ["x"] * 6)
     _write(tmp_path, "valid", ["a"], ["b"])

@@ -285,12 +285,20 @@ def _check_present(cfg: Config, splits: list[SplitFiles]) -> None:
     for s in splits:
         for path in (s.src, s.tgt):
             if not path.is_file():
-                hint = "" if cfg.data.synth else "; for the toy corpus run `tmt synth` or set data.synth: true"
                 raise PrepareError(
                     f"missing input file {path}: {s.key} is {str(s.src)[: -len(cfg.data.src_lang) - 1]!r}, so prepare "
                     f"reads {s.src} and {s.tgt} (relative to {Path.cwd()}); fix {s.key}, data.src_lang or "
-                    f"data.tgt_lang{hint}"
+                    f"data.tgt_lang{_missing_hint(cfg, path)}"
                 )
+
+
+def _missing_hint(cfg: Config, path: Path) -> str:
+    """Where the file would come from, said only for the paths tmt's own configs use: one's own data has none."""
+    if "toy" in path.parts and not cfg.data.synth:
+        return "; for the toy corpus run `tmt synth` or set data.synth: true"
+    if "wmt14_en_de" in path.parts or "wmt14_en_fr" in path.parts:
+        return f"; fetch it with `tmt download wmt14 --pair {cfg.data.src_lang}-{cfg.data.tgt_lang}`"
+    return ""
 
 
 def _fingerprints(splits: list[SplitFiles], old: dict | None, quiet: bool = False) -> dict[str, dict]:
