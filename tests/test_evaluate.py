@@ -330,6 +330,18 @@ def test_evaluate_scores_the_config_split_beside_the_checkpoint(split_ckpt: Path
     assert len(hyps) == lines and scores["sacrebleu"] == expected["sacrebleu"]
 
 
+def test_evaluate_a_run_directory_writes_inside_it(split_ckpt: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "runs" / "mine"
+    run.mkdir(parents=True)
+    shutil.copy(split_ckpt, run / "checkpoint_best.pt")
+    result = CliRunner().invoke(app, ["evaluate", "test", "-c", str(run), "--beam", "1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "eval_test" / "scores.json").read_text())["sentences"] == 4
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["mine"]  # not runs/eval_test
+
+
 def test_evaluate_split_errors_name_the_key_and_the_fix(prepared_toy: Config, split_ckpt: Path, tmp_path: Path) -> None:
     import dataclasses
 

@@ -66,7 +66,7 @@ def test_decode_does_not_import_train(graph):
 LAYERS = [
     *(("errors",), ("malloc",), ("files",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
     *(("data",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
-    *(("report", "plots", "attention_maps"), ("serve",), ("quickstart", "cli", "__main__")),
+    *(("report", "plots", "attention_maps", "init_config"), ("serve",), ("quickstart", "cli", "__main__")),
 ]
 
 

@@ -190,6 +190,76 @@ def synth(
         typer.echo(f"{out}/{split}.en|de: {n} pairs")
 
 
+class Preset(str, Enum):
+    """Values of `tmt init --preset`."""
+
+    small = "small"
+    base = "base"
+    big = "big"
+
+
+@app.command()
+def init(
+    train: Annotated[
+        str,
+        typer.Option("--train", help="Prefix of the training files: --train data/corpus reads data/corpus.SRC/.TGT."),
+    ],
+    valid: Annotated[str, typer.Option("--valid", help="Prefix of the validation files (checkpoint choice, BLEU).")],
+    src: Annotated[str, typer.Option("--src", help="Source language: the source files' suffix, e.g. en.")],
+    tgt: Annotated[str, typer.Option("--tgt", help="Target language: the target files' suffix, e.g. de.")],
+    test: Annotated[
+        str, typer.Option("--test", help="Prefix of the test files (tmt evaluate test); none if omitted.")
+    ] = "",
+    preset: Annotated[
+        Preset | None,
+        typer.Option(
+            "--preset",
+            help="small: tmt:multi30k.yaml's model (d_model 256, 3+3 layers), for up to ~100k pairs and CPUs; base or "
+            "big: the paper's. Default: small below 100k pairs, else base.",
+            show_default=False,
+        ),
+    ] = None,
+    minutes: Annotated[
+        float,
+        typer.Option(
+            "--minutes", help="A time budget (train.max_minutes) instead of the update budget chosen from the corpus."
+        ),
+    ] = 0.0,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="The config to write (default: SRC-TGT.yaml).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+) -> None:
+    """Write a complete, commented config for your own parallel text.
+
+    Checks that every file exists and that both sides of each split have the
+    same number of lines, counts the corpus, and chooses from the counts: the
+    model (--preset), the BPE vocabulary size, data.max_ratio, and an update
+    budget of some epochs with a schedule that fits it (or --minutes). Every
+    key of every section is written, with its documentation or the reason it
+    was chosen; nothing is inherited, so the file works from any tmt install.
+    The run directory and prepared data are runs/NAME and prepared/NAME
+    (NAME: the output file's name). Paths stay as you give them: relative to
+    the directory you run tmt in.
+
+    Example: tmt init --train data/train --valid data/dev --test data/test --src en --tgt de -o en-de.yaml;
+    then tmt train en-de.yaml and tmt evaluate test -c runs/en-de
+    """
+    from transformer_mt.files import check_output_file
+    from transformer_mt.init_config import summary, write_config
+
+    out = output or Path(f"{src}-{tgt}.yaml")
+    if out.exists() and not force:
+        raise UserError(f"{out} exists; pass --force to overwrite it, or -o another file")
+    check_output_file(out, example="en-de.yaml")
+    chosen = None if preset is None else preset.value
+    given = {"--train": train, "--valid": valid, "--test": test, "--src": src, "--tgt": tgt, "--preset": chosen}
+    given |= {"--minutes": f"{minutes:g}" if minutes else None, "-o": str(out)}
+    command = " ".join(["tmt init", *(f"{flag} {value}" for flag, value in given.items() if value)])
+    choices = write_config(train, valid, test, src, tgt, out, chosen, minutes, command)
+    typer.echo(summary(choices, out))
+
+
 @app.command()
 def prepare(
     config: ConfigArg,
@@ -487,7 +557,7 @@ def evaluate(
     valid) scores the raw files of the split the checkpoint's config names,
     data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
     it was trained in. Writes hyp.<lang> and scores.json to --out-dir
-    (default: eval_<name> beside the checkpoint, e.g. eval_test).
+    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test).
     """
     from transformer_mt.evaluate import evaluate_checkpoint
 

@@ -219,7 +219,7 @@ def evaluate_checkpoint(
 
     ``testset``: a named test set (sacreBLEU's), or ``test``/``valid``, the
     checkpoint config's own split (`config_split`). ``output`` defaults to
-    ``eval_<name>`` beside the first checkpoint. With ``--src``/``--ref`` a
+    ``eval_<name>`` beside the first checkpoint (inside it when it is a run directory). With ``--src``/``--ref`` a
     test set name, if given, only labels the results. ``overrides`` are
     ``--set`` texts for the checkpoint's config, the decoding flags included (see
     `transformer_mt.decode.load.override_config`); the n-best size is 1. ``engine`` and
@@ -247,7 +247,8 @@ def evaluate_checkpoint(
         )
     name = testset or src_path.stem
     corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
-    out_dir = Path(output) if output is not None else Path(checkpoints[0]).parent / f"eval_{name}"
+    first = Path(checkpoints[0])
+    out_dir = Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"eval_{name}"
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     hyps = translator.translate_lines(sources)
     atomic_write_lines(hyp_path, hyps)
