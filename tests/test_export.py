@@ -32,6 +32,7 @@ from transformer_mt.decode.search import beam_search, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.export import ExportError, check_exportable, export_ctranslate2, require_ctranslate2
+from transformer_mt.export.normalizer import AWKWARD_TEXT
 from transformer_mt.model.positions import sinusoidal_positions
 from transformer_mt.model.transformer import Transformer
 
@@ -299,3 +300,27 @@ def test_ctranslate2_equals_tmt_stopping_at_k_finished(multi30k_checkpoint: Path
     assert sum(ended) >= 190
     assert [t for t, e in zip(theirs, ended, strict=True) if e] == [o for o, e in zip(ours, ended, strict=True) if e]
     assert len(set(ours)) > 100
+
+
+@needs_ct2
+@pytest.mark.slow
+def test_the_documented_python_snippet_translates_as_tmt_translate_engine_ctranslate2(
+    toy_trained_checkpoint: Path, toy_lines: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/decoding.md's snippet, run as written (only the model path changed), on raw text: no tmt involved."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "decoding.md").read_text(encoding="utf-8")
+    snippet = docs.split("<!-- ct2-snippet -->\n```python\n", 1)[1].split("```", 1)[0]
+    out = export_ctranslate2([toy_trained_checkpoint], tmp_path / "ct2")
+    lines = [*toy_lines, "", " \t ", f"\u00a0 {toy_lines[0]}\u200b\t ", *AWKWARD_TEXT]
+    source = tmp_path / "in.en"
+    source.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    hyp = tmp_path / "hyp.de"
+    args = ["translate", "--engine", "ctranslate2", "-c", str(out), "-i", str(source), "-o", str(hyp)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    namespace: dict = {}
+    exec(snippet.replace('"runs/base/ct2"', repr(str(out))), namespace)  # noqa: S102 - the docs' own code
+    assert capsys.readouterr().out.strip() != ""  # its example line printed a translation
+    expected = hyp.read_text(encoding="utf-8").splitlines()
+    assert [namespace["translate"](line) for line in lines] == expected
+    assert len(set(expected)) > len(expected) // 2 and expected[len(toy_lines)] == ""

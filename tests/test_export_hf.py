@@ -19,18 +19,10 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config, ModelConfig
-from transformer_mt.data.clean import normalize
 from transformer_mt.decode.load import load_model
 from transformer_mt.decode.search import pad_batch
 from transformer_mt.decode.translate import Translator
-from transformer_mt.export.hf import (
-    AWKWARD_TEXT,
-    HfExportError,
-    check_marian,
-    export_hf,
-    interleave_to_halves,
-    normalizing_spm,
-)
+from transformer_mt.export.hf import HfExportError, check_marian, export_hf, interleave_to_halves
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,17 +52,6 @@ def test_what_marian_cannot_hold_is_refused(change: dict, named: str) -> None:
     with pytest.raises(HfExportError, match=named):
         check_marian(dataclasses.replace(ModelConfig(), **change))
     check_marian(ModelConfig())
-
-
-def test_the_tokenizer_normalizes_as_tmt(toy_ckpt: Path, prepared_toy: Config) -> None:
-    import sentencepiece as spm
-
-    blob = load_model([toy_ckpt], "cpu").spm_model
-    exported, original = (spm.SentencePieceProcessor(model_proto=b) for b in (normalizing_spm(blob), blob))
-    lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:50]
-    for line in [*AWKWARD_TEXT, *lines, *(f"\t{x}\u200b  " for x in lines[:5])]:
-        assert exported.encode(line) == original.encode(normalize(line)), line
-    assert exported.decode(exported.encode(lines[0])) == lines[0]
 
 
 @pytest.fixture(scope="module")

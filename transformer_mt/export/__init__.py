@@ -7,7 +7,8 @@ written here whole or not at all:
     model.bin               the weights in CTranslate2's format (quantized with --quantization)
     config.json             CTranslate2's settings: special tokens, EOS added to every source, LayerNorm epsilon
     shared_vocabulary.json  the joint BPE vocabulary, one sentencepiece piece per id
-    spm.model               the checkpoint's sentencepiece model, to tokenize input and detokenize output
+    spm.model               the checkpoint's sentencepiece model with tmt's text normalization built in
+                            (`export.normalizer`): raw text in, the ids tmt feeds its model out
     tmt_config.yaml         the checkpoint's tmt config: decoding settings and languages
 
 How the model maps onto CTranslate2's TransformerSpec is documented in
@@ -61,6 +62,7 @@ def export_ctranslate2(
     check_output_parent(out)
     ct2 = require_ctranslate2()
     from transformer_mt.export.ctranslate2_spec import TmtConverter
+    from transformer_mt.export.normalizer import check_normalization, normalizing_spm
 
     # the fp32 model as trained, whatever its decode.quantize says: CTranslate2 quantizes on its own
     loaded = load_model(checkpoints, device="cpu", overrides=["decode.quantize=none"])
@@ -69,7 +71,9 @@ def export_ctranslate2(
         converter = TmtConverter(loaded.model, pieces_of(loaded.bpe))
         # The directory is ours and empty: CTranslate2 may recreate it (force=True).
         converter.convert(str(tmp), quantization=None if quantization == "float32" else quantization, force=True)
-        (tmp / SPM_MODEL).write_bytes(loaded.spm_model)
+        normalizing = normalizing_spm(loaded.spm_model)  # raw text through it alone gives tmt's ids
+        check_normalization(normalizing, loaded.spm_model)
+        (tmp / SPM_MODEL).write_bytes(normalizing)
         (tmp / TMT_CONFIG).write_text(loaded.config.to_yaml(), encoding="utf-8")
         if not ct2.contains_model(str(tmp)):
             raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
