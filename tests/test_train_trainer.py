@@ -25,6 +25,7 @@ from transformer_mt.model.transformer import Transformer, count_parameters, flop
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, checkpoint_update, list_checkpoints
 from transformer_mt.train.distributed import DistEnv, setup
+from transformer_mt.train.metrics import Window, final_warnings
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
     Stepper,
@@ -35,7 +36,7 @@ from transformer_mt.train.step import (
     cpu_has_bf16,
     resolve_precision,
 )
-from transformer_mt.train.trainer import Trainer, Window, train_model
+from transformer_mt.train.trainer import Trainer, train_model
 from transformer_mt.train.validation import unconverged
 
 
@@ -395,7 +396,7 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
 @pytest.mark.parametrize("has_bf16", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, capsys, monkeypatch, has_bf16):
     """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
-    monkeypatch.setattr("transformer_mt.train.trainer.cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr("transformer_mt.train.metrics.cpu_has_bf16", lambda: has_bf16)
     run = tmp_path / "run"
     train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
     warned = [m for m in _metrics(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
@@ -408,8 +409,8 @@ def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp
     early, here before its first update, is warned with both keys named."""
     schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
     trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup())
-    ((reason, message),) = trainer._final_warnings()
-    trainer.files.close()
+    ((reason, message),) = final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 0.0)
+    trainer.log.files.close()
     assert reason == "warmup"
     assert (
         "training stopped at update 0, inside its warmup of the first 10% of its budget, at least 100 updates "
