@@ -1,4 +1,4 @@
-"""The run's budget: how far through it the run is, when it snapshots, when it stops or saves by the clock.
+"""The run's budget: how far through it the run is, when it snapshots, validates on the clock, stops by time.
 
 A run ends at the first of train.max_updates, train.max_epochs and
 train.max_minutes; its progress (0..1) is the larger of the update and the
@@ -42,17 +42,31 @@ def snapshots_before(tc: TrainConfig, progress: float) -> int:
     return sum(1 for i in range(1, k + 1) if progress >= 1.0 - span + span * i / k)
 
 
+def clock_marks(tc: TrainConfig, minutes: float) -> int:
+    """How many train.validate_every_fraction marks of train.max_minutes lie at or before ``minutes``.
+
+    Mark i sits at ``i * fraction * max_minutes``; without a time budget (or
+    with the fraction 0) there is none. A count of fixed marks, not a time
+    since the last validation, so that a resumed run finds from its
+    checkpoint's minutes which marks are behind it.
+    """
+    if tc.max_minutes <= 0 or tc.validate_every_fraction <= 0:
+        return 0
+    return math.floor(minutes / (tc.validate_every_fraction * tc.max_minutes) + 1e-9)
+
+
 @dataclass
 class TimeFlags:
     """What the wall clock asks for after an update, agreed by every rank (`Budget.time_flags`)."""
 
     stop: bool = False  # train.max_minutes is spent
     save: bool = False  # train.save_every_minutes have passed since the last checkpoint
+    validate: bool = False  # the clock passed another train.validate_every_fraction mark
 
 
 @dataclass
 class Budget:
-    """The budget of one process's part of a run: its clock, its horizon, the snapshots behind it."""
+    """The budget of one process's part of a run: its clock, its horizon, the snapshots and clock marks behind it."""
 
     tc: TrainConfig
     horizon: int  # `horizon_updates`
@@ -61,9 +75,11 @@ class Budget:
     clock: Clock = time.monotonic
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)
     snapshots_done: int = field(init=False)
+    marks_done: int = field(init=False)  # clock marks passed (`clock_marks`)
 
     def __post_init__(self) -> None:
         self.last_save_time = self.start
+        self.marks_done = clock_marks(self.tc, self.minutes_before)
 
     def begin(self, update: int) -> None:
         """Count the snapshot points already behind a run at ``update`` (a resumed one), so none is taken again."""
@@ -84,7 +100,7 @@ class Budget:
         return due
 
     def time_flags(self, env: DistEnv, ask: bool) -> TimeFlags:
-        """Stop and save by the wall clock, agreed by all ranks (any rank's clock can trigger).
+        """Stop, save and validate by the wall clock, agreed by all ranks (any rank's clock can trigger).
 
         Agreeing is a collective; ``ask`` False (a GPU under DDP between log
         lines, which must not wait for the device) skips it and the clock.
@@ -92,10 +108,13 @@ class Budget:
         if not ask:
             return TimeFlags()
         tc = self.tc
-        stop = tc.max_minutes > 0 and self.minutes() >= tc.max_minutes
+        minutes = self.minutes()
+        stop = tc.max_minutes > 0 and minutes >= tc.max_minutes
         save = tc.save_every_minutes > 0 and self.clock() - self.last_save_time >= tc.save_every_minutes * 60
-        stop_n, save_n = all_reduce_sum([float(stop), float(save)], env)
-        return TimeFlags(stop_n > 0, save_n > 0)
+        marks = clock_marks(tc, minutes)
+        validate, self.marks_done = marks > self.marks_done, max(marks, self.marks_done)
+        stop_n, save_n, validate_n = all_reduce_sum([float(stop), float(save), float(validate)], env)
+        return TimeFlags(stop_n > 0, save_n > 0, validate_n > 0)
 
     def saved(self) -> None:
         """A periodic checkpoint was written: train.save_every_minutes counts from now."""

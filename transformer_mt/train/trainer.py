@@ -159,7 +159,7 @@ class Trainer:
             self._validate()
 
     def _save_or_stop(self, stats: UpdateStats) -> None:
-        """After an update: a checkpoint when one is due, and the stop reason once a budget is spent.
+        """After an update: a validation on the clock, a checkpoint when one is due, the stop once a budget is spent.
 
         Agreeing on the clock is a collective the host waits for, so GPUs under
         DDP (which must not wait for the device) ask only at log lines.
@@ -167,6 +167,9 @@ class Trainer:
         p, tc = self.progress, self.cfg.train
         ask = not (self.stepper.defer_sync and self.env.distributed and p.update % tc.log_every)
         clock = self.budget.time_flags(self.env, ask)
+        if clock.validate and p.valid_update != p.update:
+            self._settle()
+            self._validate()
         snapshot = self.budget.snapshot_due(p.update)  # always: it advances the count even when a save is due anyway
         periodic = tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0
         if stats.stepped and (periodic or clock.save or snapshot):

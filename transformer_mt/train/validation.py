@@ -28,6 +28,9 @@ from transformer_mt.train.build import max_sentence_len
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.step import TrainError, forward_loss
 
+# Validations a checkpoint remembers, for `unconverged`: enough that one lies train.validate_every updates
+# before the last even when train.validate_every_fraction adds up to 10 validations in between.
+VALID_HISTORY = 12
 UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from any usable translation model
 UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
 
@@ -61,7 +64,7 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
 def record_validation(p: Progress, loss: float, nll: float, bleu: dict[str, Any] | None, best_metric: str) -> bool:
     """Note a validation in ``p`` (last and best figures, patience count); whether it is a new best ``best_metric``."""
     p.valid_loss, p.valid_update = loss, p.update
-    p.valid_history = [*p.valid_history, [p.update, nll]][-3:]  # enough for `unconverged`
+    p.valid_history = [*p.valid_history, [p.update, nll]][-VALID_HISTORY:]
     improved = loss < p.best_valid_loss
     p.best_valid_loss = min(p.best_valid_loss, loss)
     if bleu is not None:
