@@ -74,7 +74,7 @@ class Budget:
     start: float  # the clock when this process started
     clock: Clock = time.monotonic
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)
-    snapshots_done: int = field(init=False)
+    snapshots_done: int = field(init=False, default=0)  # snapshot points passed (`begin` counts a resumed run's)
     marks_done: int = field(init=False)  # clock marks passed (`clock_marks`)
 
     def __post_init__(self) -> None:
