@@ -83,6 +83,33 @@ def test_every_module_imports_only_its_own_and_earlier_layers(graph):
     assert bad == []
 
 
+# Inside train/, the same rule (docs/architecture.md, "Training"): the loop last, its parts before it, each part
+# importing only the layers before its own; a module in the same layer as another does not import it.
+TRAIN_LAYERS = [
+    ("loss", "schedule", "distributed", "checkpoint", "mfu", "prefetch"),
+    ("step",),
+    ("run_files", "run_lock", "init_from", "nonfinite", "average"),
+    ("build",),
+    ("budget", "epochs", "validation"),
+    ("metrics", "resume"),
+    ("trainer",),
+]
+
+
+def _train_layer(name: str) -> int:
+    found = [i for i, layer in enumerate(TRAIN_LAYERS) if name.split(".")[2] in layer]
+    assert found, f"{name}: give it a layer in TRAIN_LAYERS and in docs/architecture.md"
+    return found[0]
+
+
+def test_train_modules_import_only_earlier_layers_of_train(graph):
+    train = {name: imported for name, imported in graph.items() if name.startswith("transformer_mt.train.")}
+    assert "transformer_mt.train.trainer" in train
+    bad = [f"{name} -> {m}" for name, imported in train.items() for m in imported
+           if m.startswith("transformer_mt.train.") and _train_layer(m) >= _train_layer(name)]  # fmt: skip
+    assert bad == []
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The groups of modules that import each other, through any chain (strongly connected components > 1)."""
     order: dict[str, int] = {}

@@ -58,7 +58,8 @@ def _shard(rank: int) -> list[Batch | None]:
 
 def _stepper(model, module, env: DistEnv, adam: bool = False, deferred: bool = False) -> Stepper:
     """``deferred``: the GPU's way, counts summed over ranks on the device and a fused optimizer that skips there
-    (`step._device_counts`, `step._apply_on_device`), which a single GPU never runs with more than one rank."""
+    (`step._device_counts`, `step._step`, `step._deferred_stats`), which a single GPU never runs with more than
+    one rank."""
     # SGD makes the update linear in the gradient; Adam's first step is lr * sign(g), which turns
     # rounding noise in near-zero gradients into full-size differences.
     if adam:

@@ -88,8 +88,8 @@ def test_prefetched_raises_a_failed_preparation_at_its_item():
 def test_trainer_reads_the_same_batches_in_the_same_order(prepared_toy, tmp_path):
     """Batches read ahead are the epoch's batches, collated as before, each with the position after it."""
     trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", update_freq=2, max_updates=0, max_epochs=1), CPU)
-    groups = trainer._epoch_batches()
-    seen = list(prefetched(trainer._updates(), trainer._collate))
+    groups = trainer.epochs.batches(1)
+    seen = list(prefetched(trainer.epochs.updates(1, 0), trainer.epochs.collate))
     assert len(seen) == -(-len(groups) // 2)
     for k, ((group, epoch, position), batches) in enumerate(seen):
         assert epoch == 1 and position == min(2 * k + 2, len(groups))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import signal
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
-from transformer_mt.config import Config
+from transformer_mt.config import Config, ConfigError, load_config
 from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
 from transformer_mt.decode.translate import Translator
@@ -23,8 +24,10 @@ from transformer_mt.errors import UserError
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.train.average import average_checkpoints
+from transformer_mt.train.budget import clock_marks
 from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, checkpoint_update, list_checkpoints
 from transformer_mt.train.distributed import DistEnv, setup
+from transformer_mt.train.metrics import Window, final_warnings
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
     Stepper,
@@ -35,7 +38,7 @@ from transformer_mt.train.step import (
     cpu_has_bf16,
     resolve_precision,
 )
-from transformer_mt.train.trainer import Trainer, Window, train_model
+from transformer_mt.train.trainer import Trainer, train_model
 from transformer_mt.train.validation import unconverged
 
 
@@ -185,6 +188,64 @@ def test_wall_clock_limits(prepared_toy, tmp_path):
     run = tmp_path / "b"
     train_model(_cfg(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=50, validate_every=100))
     assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (1, 2, 3)]
+
+
+def _ticking(seconds: float):
+    """A clock for a timed run that does not wait: each reading is ``seconds`` later than the one before."""
+    readings = itertools.count()
+    return lambda: next(readings) * seconds
+
+
+def test_a_timed_run_validates_on_its_clock(prepared_toy, tmp_path):
+    """With a time budget, a run validates at every train.validate_every_fraction of it, though it never
+    reaches train.validate_every updates: 10 times in all (the last at the end), each after its mark."""
+    common = dict(max_updates=0, max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
+    run = tmp_path / "run"
+    result = train_model(_cfg(prepared_toy, run, **common), clock=_ticking(0.5))
+    assert result.stop_reason == "max_minutes=1" and result.update < 1000
+    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    assert len(valid) == 10
+    assert all(m["minutes"] >= (k + 1) / 10 for k, m in enumerate(valid))
+
+
+@pytest.mark.parametrize("name", ["base.yaml", "big.yaml"])
+def test_the_paper_configs_validate_by_updates_only(name):
+    """The paper's configs have no time budget, so train.validate_every_fraction adds no validation there."""
+    tc = load_config(Path(__file__).resolve().parents[1] / "configs" / name).train
+    assert tc.max_minutes == 0 and tc.validate_every_fraction == 0.1
+    assert clock_marks(tc, 1e9) == 0
+    assert clock_marks(dataclasses.replace(tc, max_minutes=20.0), 6.0) == 3  # 2, 4 and 6 minutes
+    with pytest.raises(ConfigError, match=r"train.validate_every_fraction must be in \[0, 1\), got 1.5"):
+        load_config(overrides=["train.validate_every_fraction=1.5"])
+
+
+def test_validating_on_the_clock_leaves_the_trajectory_alone(prepared_toy, tmp_path):
+    """Validation draws no random number and takes no step: 12 updates end with the same weights, bit for bit,
+    with validations on the clock or without (the schedule here counts updates, not minutes)."""
+    common = dict(max_updates=12, max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
+    weights = []
+    for fraction in (0.1, 0.0):
+        run = tmp_path / str(fraction)
+        train_model(_cfg(prepared_toy, run, validate_every_fraction=fraction, **common), clock=_ticking(0.5))
+        weights.append(load_checkpoint(run / checkpoint_name(12))["model"])
+        valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+        assert (len(valid) > 1) == (fraction > 0)  # without the clock's, the final validation only
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_resumed_timed_run_validates_at_the_marks_after_its_checkpoint(prepared_toy, tmp_path):
+    """The marks are fixed points of the budget's clock, so a resumed run knows from its checkpoint's minutes
+    which are behind it: no mark is validated twice, none skipped."""
+    common = dict(max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
+    run = tmp_path / "run"
+    train_model(_cfg(prepared_toy, run, max_updates=12, **common), clock=_ticking(0.5))
+    minutes = load_checkpoint(run / checkpoint_name(12))["minutes"]
+    assert 0.1 < minutes < 0.9
+    before = len(_metrics(run))
+    train_model(_cfg(prepared_toy, run, max_updates=0, **common), clock=_ticking(0.5))
+    resumed = [m for m in _metrics(run)[before:] if m["kind"] == "valid"]
+    assert len(resumed) == 10 - math.floor(minutes * 10)
+    assert resumed[0]["minutes"] >= math.ceil(minutes * 10) / 10
 
 
 def _set_model(cfg: Config, **model) -> Config:
@@ -395,7 +456,7 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
 @pytest.mark.parametrize("has_bf16", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, capsys, monkeypatch, has_bf16):
     """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
-    monkeypatch.setattr("transformer_mt.train.trainer.cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr("transformer_mt.train.metrics.cpu_has_bf16", lambda: has_bf16)
     run = tmp_path / "run"
     train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
     warned = [m for m in _metrics(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
@@ -408,8 +469,8 @@ def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp
     early, here before its first update, is warned with both keys named."""
     schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
     trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup())
-    ((reason, message),) = trainer._final_warnings()
-    trainer.files.close()
+    ((reason, message),) = final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 0.0)
+    trainer.log.files.close()
     assert reason == "warmup"
     assert (
         "training stopped at update 0, inside its warmup of the first 10% of its budget, at least 100 updates "

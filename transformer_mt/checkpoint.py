@@ -49,7 +49,7 @@ class Progress:
     valid_loss: float | None = None  # label-smoothed loss per target token (nats) at the last validation
     valid_update: int = -1  # update of the last validation
     minutes: float = 0.0  # wall-clock minutes trained before this process (train.max_minutes counts them too)
-    valid_history: list[list[float]] = field(default_factory=list)  # [update, nll] of the last 3 validations
+    valid_history: list[list[float]] = field(default_factory=list)  # [update, nll] of the last 12 validations
     valid_bleu: float | None = None  # sacreBLEU at the last validation (train.valid_bleu_sentences)
     best_valid_bleu: float = -math.inf
     stale_validations: int = 0  # validations in a row without a new best train.best_metric (train.patience)

@@ -123,6 +123,10 @@ class TrainConfig:
     max_epochs: int = 0  # 0 disables this limit
     max_minutes: float = 0.0  # wall-clock training minutes, counted across resumes; 0 disables
     validate_every: int = 1000  # updates between validation runs
+    # With a time budget (max_minutes), also validate each time the run's clock passes another such fraction of it
+    # (0.1: at 10%, 20%, ... of max_minutes), so that a slow machine, which may never reach validate_every updates,
+    # still shows its validation loss (and BLEU) as it goes. 0: off. No effect without max_minutes (the paper's).
+    validate_every_fraction: float = 0.1
     valid_bleu_sentences: int = 0  # each validation also translates this many valid sentences, sacreBLEU; -1 all
     valid_bleu_beam: int = 1  # beam of that translation (1: greedy, the fastest); the rest from the decode section
     best_metric: Literal["loss", "bleu"] = "loss"  # what checkpoint_best.pt and patience track; bleu needs the above
@@ -484,6 +488,7 @@ def _validate_schedule(tc: TrainConfig) -> None:
         "train.warmup_fraction": tc.warmup_fraction,
         "train.decay_fraction": tc.decay_fraction,
         "train.snapshot_span": tc.snapshot_span,
+        "train.validate_every_fraction": tc.validate_every_fraction,
     }
     for key, value in fractions.items():
         if not 0.0 <= value < 1.0:

@@ -8,14 +8,20 @@ Only files that `tmt train` and `tmt evaluate` write are read: ``config.yaml``,
 that ``tmt evaluate test`` of a config whose ``data.test`` is
 ``.../newstest2014`` counts as newstest2014. Nothing is recomputed from
 checkpoints, so a report of a 300k-update run reads a few kilobytes.
+
+The records are spelled here, once, as dataclasses (`StartRecord`,
+`TrainRecord`, `ValidRecord`, `WarningRecord`, `EndRecord`): the trainer
+builds them and writes ``record.to_dict()``, so writer and reader agree on
+every key. A figure that is None (no MFU without a known peak, no BLEU
+without train.valid_bleu_sentences) is left out of the line.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -25,6 +31,94 @@ from transformer_mt.errors import UserError
 
 class RunError(UserError):
     """A directory that is not a readable run; the message names the file and what to pass instead."""
+
+
+@dataclass
+class Record:
+    """One line of metrics.jsonl; ``KIND`` is its ``kind`` key."""
+
+    KIND: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the line: ``kind`` first, then every field that is not None, in field order."""
+        return {"kind": self.KIND, **{k: v for k, v in asdict(self).items() if v is not None}}
+
+
+@dataclass
+class StartRecord(Record):
+    """Each time a process starts or resumes the run: what its training cost and hardware are computed from."""
+
+    KIND: ClassVar[str] = "start"
+    update: int
+    parameters: int
+    vocab_size: int
+    flops_per_token: float  # model FLOPs per target token, forward and backward (`flops_per_token`)
+    mean_src_tokens: float
+    mean_tgt_tokens: float
+    device: str
+    world_size: int
+    precision: str
+
+
+@dataclass
+class TrainRecord(Record):
+    """Every train.log_every updates: the window of updates since the last one, averaged (nats per target token)."""
+
+    KIND: ClassVar[str] = "train"
+    update: int
+    epoch: int
+    loss: float  # label-smoothed
+    nll: float
+    ppl: float
+    lr: float  # of the last update
+    gnorm: float  # mean gradient norm over the window's updates
+    tgt_tokens_per_update: float
+    tgt_tokens_per_s: float
+    minutes: float  # the run's wall clock, resumes included
+    progress: float  # through the budget, 0..1
+    model_tflops: float
+    mfu: float | None = None  # only where the device's peak is known
+    compiled_graphs: int | None = None  # only with train.compile: graphs torch.compile built so far
+
+
+@dataclass
+class ValidRecord(Record):
+    """Each validation: loss, NLL and perplexity per target token, and with train.valid_bleu_sentences BLEU."""
+
+    KIND: ClassVar[str] = "valid"
+    update: int
+    epoch: int
+    loss: float
+    nll: float
+    ppl: float
+    best_loss: float
+    minutes: float
+    bleu: float | None = None
+    bleu_sentences: int | None = None
+    empty_hypotheses: int | None = None
+    bleu_seconds: float | None = None
+    best_bleu: float | None = None
+
+
+@dataclass
+class WarningRecord(Record):
+    """A warning the run printed, by ``reason`` (``warmup``, ``unconverged``, ``emulated_bf16``)."""
+
+    KIND: ClassVar[str] = "warning"
+    update: int
+    reason: str
+    message: str
+
+
+@dataclass
+class EndRecord(Record):
+    """Where and why the run stopped; ``minutes`` is its final checkpoint's, where a resume goes on."""
+
+    KIND: ClassVar[str] = "end"
+    update: int
+    epoch: int
+    minutes: float
+    stop_reason: str
 
 
 @dataclass

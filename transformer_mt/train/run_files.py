@@ -9,8 +9,8 @@ dropped, and a run that starts from scratch starts an empty file.
 Each line has a ``kind``: ``start`` (each time a process starts or resumes
 the run: parameters, FLOPs per target token, device; `start_record`),
 ``train`` (every train.log_every updates), ``valid``, ``warning`` and ``end``
-(where and why the run stopped, its wall-clock minutes). `tmt report` and
-`tmt plot` read nothing else.
+(where and why the run stopped, its wall-clock minutes), each a dataclass of
+`transformer_mt.runs`. `tmt report` and `tmt plot` read nothing else.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tqdm import tqdm
 from transformer_mt.config import Config, save_config
 from transformer_mt.files import atomic_write_text
 from transformer_mt.model.transformer import flops_per_token
+from transformer_mt.runs import Record, StartRecord
 from transformer_mt.train.distributed import DistEnv, all_gather_object
 from transformer_mt.train.step import TrainError
 
@@ -131,7 +132,7 @@ def write_config(cfg: Config, save_dir: Path) -> None:
 def start_record(
     cfg: Config, env: DistEnv, update: int, parameters: int, vocab_size: int, lengths: tuple[float, float],
     precision: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> StartRecord:  # fmt: skip
     """The ``start`` line of metrics.jsonl: what a run's training cost and hardware are computed from.
 
     ``lengths`` are the training data's mean source and target lengths in
@@ -140,18 +141,11 @@ def start_record(
     ``flops_per_token``, the figure `tmt report` sets beside the paper's.
     """
     src_len, tgt_len = lengths
-    return {
-        "kind": "start",
-        "update": update,
-        "parameters": parameters,
-        "vocab_size": vocab_size,
-        "flops_per_token": flops_per_token(cfg.model, vocab_size, src_len, tgt_len),
-        "mean_src_tokens": src_len,
-        "mean_tgt_tokens": tgt_len,
-        "device": device_name(env.device),
-        "world_size": env.world_size,
-        "precision": precision,
-    }
+    return StartRecord(
+        update=update, parameters=parameters, vocab_size=vocab_size,
+        flops_per_token=flops_per_token(cfg.model, vocab_size, src_len, tgt_len), mean_src_tokens=src_len,
+        mean_tgt_tokens=tgt_len, device=device_name(env.device), world_size=env.world_size, precision=precision,
+    )  # fmt: skip
 
 
 def device_name(device: torch.device) -> str:
@@ -187,7 +181,9 @@ class RunFiles:
         except OSError as err:
             raise unwritable(path, err) from None
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, entry: Record) -> None:
+        """One line of metrics.jsonl (and its figures as TensorBoard scalars), on disk at once."""
+        record = entry.to_dict()
         try:
             self._metrics.write(json.dumps(record) + "\n")
             self._metrics.flush()

@@ -200,63 +200,64 @@ def apply_gradients(step: Stepper, stats: UpdateStats, lr: float) -> UpdateStats
     """Clip (optionally), check finiteness and step the optimizer; a non-finite update is skipped.
 
     Gradients are identical on every rank after DDP's all-reduce, so every rank
-    takes the same decision without another collective.
+    takes the same decision without another collective. The host takes it
+    (one read of the gradient norm), or with ``Stepper.defer_sync`` the
+    device, without waiting for it (`_deferred_stats`).
     """
     params = [p for p in step.module.parameters() if p.grad is not None]
     step.scaler.unscale_(step.optimizer)
     grads = [p.grad for p in params]
     norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=step.env.device)
     if step.defer_sync:
-        return _apply_on_device(step, stats, params, norm, lr)
+        loss = _on_device(stats.loss_sum, norm.device)
+        finite: bool | Tensor = (
+            torch.isfinite(norm) & torch.isfinite(loss) & (_on_device(stats.tokens, norm.device) > 0)
+        )
+        _step(step, params, norm, lr, finite)
+        return _deferred_stats(step, stats, norm, finite)
     gnorm = float(norm)  # the one host sync of the update's gradients
     finite = math.isfinite(gnorm) and math.isfinite(stats.loss_sum)
-    if finite and step.clip_norm > 0 and grads:
-        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)
-    set_lr(step.optimizer, lr)
-    if step.scaler.is_enabled():
-        step.scaler.step(step.optimizer)  # skips the step itself when the scaled gradients overflowed
-        step.scaler.update()
-    elif finite:
-        step.optimizer.step()
-    step.optimizer.zero_grad(set_to_none=True)
+    _step(step, params, norm, lr, finite)
     stats.gnorm, stats.stepped = gnorm, finite and stats.tokens > 0
     return stats
 
 
-def _apply_on_device(
-    step: Stepper, stats: UpdateStats, params: list[nn.Parameter], norm: Tensor, lr: float
-) -> UpdateStats:
-    """`apply_gradients` without waiting for the device: finiteness is checked and acted on there.
+def _step(step: Stepper, params: list[nn.Parameter], norm: Tensor, lr: float, finite: bool | Tensor) -> None:
+    """Clip, set the lr and step the optimizer unless the update is non-finite; the one apply path of both ways.
 
-    The fused optimizer skips its step (step counts included) where
-    ``found_inf`` is set, the protocol GradScaler uses with fused optimizers;
-    with fp16 the scaler itself sets it. The update's figures are zeroed when
-    it is skipped, and ``skipped`` tells the trainer, which reads it at its
-    next log line, validation or checkpoint (`Trainer._settle`).
+    ``finite`` is the host's decision (a bool), or the device's (a tensor):
+    the fused optimizer then skips its step (step counts included) where
+    ``found_inf`` is set, the protocol GradScaler uses with fused optimizers,
+    and clipping runs regardless (a skipped step ignores the result). With
+    fp16 the scaler itself skips a step whose scaled gradients overflowed.
     """
-    loss = _on_device(stats.loss_sum, norm.device)
-    has_tokens = _on_device(stats.tokens, norm.device) > 0
-    finite = torch.isfinite(norm) & torch.isfinite(loss) & has_tokens
-    if step.clip_norm > 0 and params:
-        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)  # a skipped step ignores the result
+    if finite is not False and step.clip_norm > 0 and params:
+        torch.nn.utils.clip_grads_with_norm_(params, step.clip_norm, norm)
     set_lr(step.optimizer, lr)
     if step.scaler.is_enabled():
-        step.scaler.step(step.optimizer)  # skips on the device when the scaled gradients overflowed
+        step.scaler.step(step.optimizer)
         step.scaler.update()
-    else:
+    elif isinstance(finite, Tensor):
         step.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
         try:
             step.optimizer.step()
         finally:
             del step.optimizer.found_inf  # type: ignore[attr-defined]
+    elif finite:
+        step.optimizer.step()
     step.optimizer.zero_grad(set_to_none=True)
+
+
+def _deferred_stats(step: Stepper, stats: UpdateStats, norm: Tensor, finite: Tensor) -> UpdateStats:
+    """The update's figures on the device, zeroed when it was skipped; ``skipped`` tells the trainer, which reads
+    it at its next log line, validation or checkpoint (`Trainer._settle`)."""
     zero = torch.zeros((), dtype=torch.float64, device=norm.device)
 
     def kept(value: float | Tensor) -> Tensor:  # the figure, or 0 when the update was skipped
         return torch.where(finite, _on_device(value, norm.device).double(), zero)
 
-    skipped = has_tokens & ~finite
-    overflow = step.scaler.is_enabled() & torch.isfinite(loss)  # the loss scaler's business, not a divergence
+    skipped = (_on_device(stats.tokens, norm.device) > 0) & ~finite
+    overflow = step.scaler.is_enabled() & torch.isfinite(_on_device(stats.loss_sum, norm.device))  # the scaler's
     return UpdateStats(
         loss_sum=kept(stats.loss_sum), nll_sum=kept(stats.nll_sum), tokens=kept(stats.tokens),
         sentences=kept(stats.sentences), gnorm=kept(norm), stepped=not _known_empty(stats),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from transformer_mt.checkpoint import Progress
 from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_batches
 from transformer_mt.data.bpe import load_bpe
@@ -27,6 +28,9 @@ from transformer_mt.train.build import max_sentence_len
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.step import TrainError, forward_loss
 
+# Validations a checkpoint remembers, for `unconverged`: enough that one lies train.validate_every updates
+# before the last even when train.validate_every_fraction adds up to 10 validations in between.
+VALID_HISTORY = 12
 UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from any usable translation model
 UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
 
@@ -55,6 +59,20 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
             "the model is still learning fast"
         )
     return None
+
+
+def record_validation(p: Progress, loss: float, nll: float, bleu: dict[str, Any] | None, best_metric: str) -> bool:
+    """Note a validation in ``p`` (last and best figures, patience count); whether it is a new best ``best_metric``."""
+    p.valid_loss, p.valid_update = loss, p.update
+    p.valid_history = [*p.valid_history, [p.update, nll]][-VALID_HISTORY:]
+    improved = loss < p.best_valid_loss
+    p.best_valid_loss = min(p.best_valid_loss, loss)
+    if bleu is not None:
+        if best_metric == "bleu":
+            improved = bleu["bleu"] > p.best_valid_bleu
+        p.valid_bleu, p.best_valid_bleu = bleu["bleu"], max(p.best_valid_bleu, bleu["bleu"])
+    p.stale_validations = 0 if improved else p.stale_validations + 1
+    return improved
 
 
 @torch.no_grad()

@@ -1,0 +1,146 @@
+"""Finding, checking and restoring a run: the newest readable checkpoint of train.save_dir, or a fresh start.
+
+Everything that decides the trajectory lives in the checkpoint (weights,
+optimizer, update number, epoch and position in the epoch's batch order,
+every rank's RNG state), so a run interrupted and resumed follows the same
+trajectory, bit for bit on CPU, as a run never stopped. What cannot be
+carried over exactly (another world size, another batch order) is converted
+where that is exact, and otherwise refused or said loudly.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState
+from transformer_mt.config import Config, config_from_dict, field_differences
+from transformer_mt.data.batching import resume_position
+from transformer_mt.train.build import RunData
+from transformer_mt.train.checkpoint import BEST_NAME, find_resume_checkpoint
+from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.epochs import Epochs
+from transformer_mt.train.init_from import load_init_weights
+from transformer_mt.train.run_files import batching_changes, restore_rng
+from transformer_mt.train.schedule import load_optimizer_state
+from transformer_mt.train.step import Stepper, TrainError
+
+
+def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: Epochs) -> Progress | None:
+    """Load the newest readable checkpoint of train.save_dir into ``stepper`` and the RNG; its progress, or None.
+
+    The position in the epoch is this rank's, converted to this world size or
+    restarted when the batch order changed (`position_in_epoch`).
+    """
+    save_dir = Path(cfg.train.save_dir)
+    found = find_resume_checkpoint(save_dir)
+    if found is None:
+        return None
+    path, ck = found
+    if ck.training is None:
+        raise TrainError(not_resumable(path, ck, save_dir))
+    saved = config_from_dict(ck.config, origin=str(path))
+    if saved.model != cfg.model:
+        raise TrainError(
+            f"{path} holds a different model than the config: "
+            f"{field_differences(saved.model, cfg.model, 'model.')} (the checkpoint's value first); "
+            "use a new train.save_dir, or restore the model section the run was started with"
+        )
+    stepper.module.load_state_dict(ck.model)
+    load_optimizer_state(stepper.optimizer, ck.training.optimizer)
+    if ck.training.scaler:
+        stepper.scaler.load_state_dict(ck.training.scaler)
+    p = ck.progress
+    p.batch_in_epoch = position_in_epoch(cfg, env, data, epochs, path, p, ck.training)
+    restore_rng(ck.training.rng, env, cfg.train.seed, p.update)
+    if env.is_main:
+        tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
+    return p
+
+
+def not_resumable(path: Path, ck: Checkpoint, save_dir: Path) -> str:
+    """Why a run cannot resume from ``path``, which holds no training state, and what to do instead."""
+    if ck.averaged_from:
+        return (
+            f"{path} holds no training state (optimizer, RNG): it is an averaged checkpoint, not one of "
+            "`tmt train`; move it out of train.save_dir"
+        )
+    return (
+        f"{path} holds no training state (optimizer, RNG): a run keeps it only in its newest checkpoint and "
+        f"in {BEST_NAME}, and the newer checkpoints of {save_dir} are unreadable (warned above) while "
+        f"{BEST_NAME} is missing or older. To go on from these weights with a fresh optimizer, start a new "
+        f"train.save_dir with --set train.init_from={path}"
+    )
+
+
+def start_from_weights(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, resumed: int | None) -> None:
+    """train.init_from: a new run starts from that checkpoint's weights; a resumed run keeps its own."""
+    path = Path(cfg.train.init_from)
+    if resumed is not None:
+        if env.is_main:
+            tqdm.write(
+                f"note: train.init_from={path} is ignored: {cfg.train.save_dir} holds this run's own checkpoints "
+                f"and it resumes from them (update {resumed}); to fine-tune anew, use another train.save_dir",
+                file=sys.stderr,
+            )
+        return
+    update = load_init_weights(stepper.module, path, cfg.model, data.spm_model, data.dir / "spm.model")
+    if env.is_main:
+        tqdm.write(
+            f"fine-tuning: weights from {path} (update {update} of its run); a fresh optimizer and the "
+            "learning-rate schedule from update 0",
+            file=sys.stderr,
+        )
+
+
+def position_in_epoch(
+    cfg: Config, env: DistEnv, data: RunData, epochs: Epochs, path: Path, p: Progress, saved: TrainingState
+) -> int:
+    """This rank's position in the epoch's batches: carried over, converted to this world size, or restarted.
+
+    A change of what decides the batch order (`batching_key`) in the middle
+    of an epoch restarts the epoch (`restart_epoch`); a change of world size
+    converts the position exactly where one exists.
+    """
+    saved_world_size, batching, batch_in_epoch = saved.rng["world_size"], saved.batching, p.batch_in_epoch
+    changes = batching_changes(batching, data.batching) if batching else []  # None: written before it was kept
+    if changes and batch_in_epoch > 0:
+        return restart_epoch(env, epochs, path, changes, p, int(batching["batches"]))
+    ds, tc, epoch = data.train, cfg.train, p.epoch
+    position = resume_position(
+        ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
+        env.world_size, data.max_len,
+    )  # fmt: skip
+    if position is None:
+        raise TrainError(
+            f"{path} was written by {saved_world_size} processes, {batch_in_epoch} batches each into epoch "
+            f"{epoch}; with {env.world_size} processes the rest of this epoch's batches are dealt out differently, "
+            f"so training would skip or repeat sentences. Resume with {saved_world_size} processes "
+            f"(--nproc-per-node {saved_world_size}), or start a new train.save_dir"
+        )
+    return position
+
+
+def restart_epoch(env: DistEnv, epochs: Epochs, path: Path, changes: list[str], p: Progress, saved: int) -> int:
+    """The position after the batch order changed mid-epoch: the epoch's start (or its end, if it was done).
+
+    The sentences the old order had not reached cannot be cut into new
+    batches without knowing them all, so the epoch starts over under the
+    new order, deterministically: the sentences it had trained on are seen
+    again this epoch, none is skipped. Said loudly, with how to avoid it.
+    """
+    epoch, batch_in_epoch = p.epoch, p.batch_in_epoch
+    if batch_in_epoch >= saved:
+        return len(epochs.batches(epoch))  # the epoch was finished: the next starts under the new order
+    if env.is_main:
+        tqdm.write(
+            f"warning: {'; '.join(changes)}: {path} was written {batch_in_epoch:,} of {saved:,} batches "
+            f"into epoch {epoch}, and the change reorders that epoch's batches, so epoch {epoch} starts over "
+            f"under the new order (the sentences of its first {batch_in_epoch:,} batches are trained on again). "
+            "To continue it exactly instead, stop and resume with the old value(s); change them once a "
+            "checkpoint ends an epoch (train.max_epochs) or before a run starts",
+            file=sys.stderr,
+        )
+    return 0
