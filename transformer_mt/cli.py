@@ -138,7 +138,7 @@ CombineOpt = Annotated[
 ]
 
 
-def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags: int | float | None) -> list[str]:
+def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags: int | float | str | None) -> list[str]:
     """The --set texts of translate/evaluate/serve, then the decoding flags as the decode.* keys they set (applied
     last: a flag wins over --set), so that the checkpoint's config is changed and validated in one place."""
     from transformer_mt.decode.load import decode_flags
@@ -329,7 +329,8 @@ def translate(
         typer.Option(
             "--nbest",
             help="Write the K best hypotheses per input line as 'index<TAB>score<TAB>text' "
-            "(0-based line index, length-normalized log-probability, best first); K <= beam.",
+            "(0-based line index, length-normalized log-probability, best first); K <= beam. With --sample: K "
+            "samples, in the order drawn.",
         ),
     ] = None,
     batch_tokens: Annotated[
@@ -351,6 +352,35 @@ def translate(
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
+    sample: Annotated[
+        str | None,
+        typer.Option(
+            "--sample",
+            help="Draw each token instead of beam search: topk:K from the K most probable tokens, topp:P from the "
+            "fewest most probable tokens holding probability P (e.g. topk:10, topp:0.9). Beam 1 (refuses --beam > 1); "
+            "--nbest K gives K samples per line. Reproducible: a line's sample depends on --seed and the line only, "
+            "not on its batch or the rest of the file (decode.sampling).",
+            show_default=False,
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            help="With --sample: divide the log-probabilities by T before drawing; < 1 sharper, > 1 more varied "
+            "(default 1; decode.sampling_temperature).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            help="With --sample: the seed, hashed with each line's tokens and the sample's number; the same seed "
+            "and line give the same sample (default 1; decode.seed).",
+            show_default=False,
+        ),
+    ] = None,
     buffer_lines: Annotated[
         int | None,
         typer.Option(
@@ -392,7 +422,10 @@ def translate(
             f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
             f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {ctx.args[0]}"
         )
-    overrides = decode_overrides(set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+    overrides = decode_overrides(
+        set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
+        temperature=temperature, seed=seed,
+    )  # fmt: skip
     settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
     if output is not None:
         check_output_file(output, example="translations.txt")

@@ -201,7 +201,7 @@ def beam_search(
         lprobs = _next_log_probs(model, beams, use_cache)  # (n*w, V), w beams per sentence
         if no_repeat_ngram > 0:
             lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
-        lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
+        lprobs = force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
         cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
@@ -236,6 +236,11 @@ def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
         logits = model.decode(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]  # (n*k, V)
     else:
         logits = model.decode(beams.tokens, beams.enc)[:, -1]  # (n*k, V)
+    return step_log_probs(logits)
+
+
+def step_log_probs(logits: Tensor) -> Tensor:
+    """Log-probabilities (R, V) of a step's ``logits`` (R, V), PAD and BOS excluded (-inf): what a search ranks."""
     lprobs = logits.float()  # the step's own logits: overwritten in place, no fresh (n*k, V) buffer per step
     torch.log_softmax(lprobs, dim=-1, out=lprobs)
     lprobs[:, PAD] = NEG_INF
@@ -262,7 +267,7 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
     return lprobs.scatter_reduce_(1, grams[:, :, -1], ban, reduce="amin")
 
 
-def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
+def force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
     """``lprobs`` (R, V), in place: rows at their maximum length (at_max (R,) bool) may only end, every token
     but EOS gets -inf. Only those rows are written (no (R, V) copies at the steps where some row ends)."""
     rows = at_max.nonzero().squeeze(1)
@@ -389,7 +394,7 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
 
     After the first step, widen each sentence from its one hypothesis to k beams.
     """
-    keep = _kept_sentences(done)  # (n',) positions of the sentences still active
+    keep = kept_sentences(done)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
     w = beams.width
     rows = (keep[:, None] * w + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
@@ -409,7 +414,7 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
     )
 
 
-def _kept_sentences(done: Tensor) -> Tensor:
+def kept_sentences(done: Tensor) -> Tensor:
     """(n',) the sentences not ``done`` (n,), in the order that moves the fewest of them.
 
     Each sentence among the first n' stays where it is; the active sentences

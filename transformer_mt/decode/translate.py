@@ -29,12 +29,13 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config, config_from_dict, parse_sampling
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
+from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
@@ -167,7 +168,7 @@ class Translator:
         ``start``: the 0-based input line number of ``lines[0]``, for warnings.
         """
         nbest = self.cfg.decode.nbest if nbest is None else nbest
-        if not 1 <= nbest <= self.cfg.decode.beam_size:
+        if nbest < 1 or (nbest > self.cfg.decode.beam_size and self.cfg.decode.sampling == "none"):
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
         results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
@@ -207,8 +208,17 @@ class Translator:
         return results
 
     def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings."""
+        """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings; with
+        ``decode.sampling``, ``nbest`` samples of each source (`sample_search`)."""
         d = self.cfg.decode
+        sampling = parse_sampling(d.sampling)
+        if sampling is not None:
+            return sample_search(
+                self.model, pad_batch(sources).to(self.device), sources, sampling, temperature=d.sampling_temperature,
+                seed=d.seed, samples=nbest, len_penalty=d.len_penalty, len_penalty_form=d.len_penalty_form,
+                max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=self.cfg.model.max_positions,
+                no_repeat_ngram=d.no_repeat_ngram,
+            )  # fmt: skip
         return beam_search(
             self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
