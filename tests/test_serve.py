@@ -97,6 +97,9 @@ def test_libre_refusals_name_the_field(translator: Translator, body: dict, statu
         ({"sources": ["a"], "sample": "topk:5", "temperature": "hot"}, "temperature"),
         ({"sources": ["a"], "sample": "topk:5", "seed": -1}, "seed"),
         ({"sources": ["a"], "sample": "topk:5", "nbest": 17}, "nbest"),
+        ({"sources": ["a"], "prefixes": ["x", "y"]}, "prefixes"),
+        ({"sources": ["a"], "prefixes": "x"}, "prefixes"),
+        ({"sources": ["a", "b"], "prefixes": ["", "x\ny"]}, "prefixes[1]"),
     ],
 )
 def test_v1_refusals_name_the_field(translator: Translator, body: dict, field: str) -> None:
@@ -324,3 +327,15 @@ def test_v1_samples_a_line_as_tmt_translate_does_whatever_shares_its_request(cli
     assert r.status_code == 400 and "topk:K (K >= 1" in r.json()["error"]
     r = client.post("/v1/translate", json={"sources": ["a"], "sample": "topk:3", "beam": 2})
     assert r.status_code == 400 and "takes no beam" in r.json()["error"]
+
+
+def test_v1_prefixes_start_each_translation(client, translator: Translator, lines) -> None:
+    prefixes = ["Die Katze", "", "der Mann , der"]
+    expected = translator.translate_lines_nbest(lines[:3], nbest=2, prefixes=prefixes)
+    r = client.post("/v1/translate", json={"sources": lines[:3], "prefixes": prefixes, "nbest": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    assert [[h["translation"] for h in t["nbest"]] for t in got] == [[h.text for h in e] for e in expected]
+    assert got[0]["translation"].startswith("Die Katze") and got[2]["translation"].startswith("der Mann , der")
+    r = client.post("/v1/translate", json={"sources": lines[:2], "prefixes": ["", "Die ☃"]})
+    assert r.status_code == 400 and "prefixes: line 2: '☃' is not in the model's vocabulary" in r.json()["error"]

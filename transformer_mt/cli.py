@@ -381,6 +381,16 @@ def translate(
             show_default=False,
         ),
     ] = None,
+    prefix_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefix-file",
+            help="Target prefixes, one per input line (an empty line: none): each translation starts with its "
+            "line's prefix and the search continues from it; the prefix's tokens count in the score. As many lines "
+            "as the input.",
+            show_default=False,
+        ),
+    ] = None,
     buffer_lines: Annotated[
         int | None,
         typer.Option(
@@ -426,7 +436,7 @@ def translate(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
         temperature=temperature, seed=seed,
     )  # fmt: skip
-    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
+    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file)
     if output is not None:
         check_output_file(output, example="translations.txt")
     elif sys.stdout is None:

@@ -109,13 +109,17 @@ class CTranslate2Search:
                 file=sys.stderr,
             )
 
-    def __call__(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each source (ids + EOS), best first, each within its own length limit."""
+    def __call__(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids + EOS), best first, each within its own length limit
+        and starting with its ``prefixes`` entry (CTranslate2's ``target_prefix``)."""
         limits = self._max_lengths(sources)
-        results = self._search(sources, max(limits), nbest)
+        results = self._search(sources, max(limits), nbest, prefixes)
         for i, result in enumerate(results):
             if any(len(_without_eos(h, self.pieces[EOS])) > limits[i] for h in result.hypotheses):
-                results[i] = self._search([sources[i]], limits[i], nbest)[0]  # its own, shorter limit
+                alone = None if prefixes is None else [prefixes[i]]
+                results[i] = self._search([sources[i]], limits[i], nbest, alone)[0]  # its own, shorter limit
         return [self._hypotheses(r.hypotheses, r.scores) for r in results]
 
     def _max_lengths(self, sources: list[list[int]]) -> list[int]:
@@ -123,7 +127,9 @@ class CTranslate2Search:
         d = self.cfg.decode
         return max_output_lengths(pad_batch(sources), d.max_len_a, d.max_len_b, self.cfg.model.max_positions).tolist()
 
-    def _search(self, sources: list[list[int]], max_len: int, nbest: int) -> list[Any]:
+    def _search(
+        self, sources: list[list[int]], max_len: int, nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[Any]:
         """CTranslate2's beam search over ``sources``, at most ``max_len`` tokens before EOS; PAD and BOS never.
 
         With ``decode.sampling``: its random sampling, ``nbest`` samples per source, seeded by ``decode.seed``
@@ -135,6 +141,7 @@ class CTranslate2Search:
             beam_size=d.beam_size, num_hypotheses=nbest, length_penalty=d.len_penalty, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_len, max_input_length=0, return_scores=True,
             suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]], no_repeat_ngram_size=d.no_repeat_ngram,
+            target_prefix=None if prefixes is None else [[self.pieces[i] for i in ids] for ids in prefixes],
             **self.sampling_options(),
         )  # fmt: skip
 

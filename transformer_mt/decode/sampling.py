@@ -40,11 +40,12 @@ from transformer_mt.config import Sampling
 from transformer_mt.data.bpe import BOS, EOS
 from transformer_mt.decode.search import (
     Hypothesis,
-    block_repeated_ngrams,
+    Prefixes,
     force_eos_at_max_len,
     kept_sentences,
     length_penalty,
     max_output_lengths,
+    restrict,
     step_log_probs,
 )
 from transformer_mt.model.cache import MIN_CAPACITY
@@ -108,10 +109,13 @@ def sample_search(
     max_len_b: int = 50,
     max_positions: int | None = None,
     no_repeat_ngram: int = 0,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """``samples`` samples of each sentence of ``src`` (B, S); ``sources``: the token ids of its rows (the seeds).
 
     Returns, per sentence in input order, its samples in their numbers' order.
+    ``prefixes``: per sentence, target ids every sample starts with, forced
+    as in beam search (`transformer_mt.decode.search.restrict`).
     Each sample is a row of its own (the source is encoded once per sample),
     and a finished sample leaves the batch, its cache rows dropped.
     """
@@ -124,11 +128,13 @@ def sample_search(
     tokens = torch.full((rows.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     log_probs = torch.zeros(rows.shape[0], dtype=torch.float64, device=src.device)
     results: dict[int, Hypothesis] = {}
+    forced = Prefixes.of(prefixes, src.device)
     step = 0
     while active.numel() > 0:
         lprobs = step_log_probs(model.decode(tokens[:, -1:], enc, cache)[:, -1])  # (n, V)
-        if no_repeat_ngram > 0:
-            lprobs = block_repeated_ngrams(lprobs, tokens[:, 1:], no_repeat_ngram)
+        if no_repeat_ngram > 0 or forced is not None:
+            sentence = active.div(samples, rounding_mode="floor")
+            lprobs = restrict(lprobs, tokens[:, 1:], no_repeat_ngram, forced, sentence, step)
         lprobs = force_eos_at_max_len(lprobs, max_len[active] == step)
         chosen = draw(lprobs, u[active, step], sampling, temperature)  # (n,)
         log_probs[active] += lprobs.gather(1, chosen[:, None]).squeeze(1).double()

@@ -12,7 +12,6 @@ line in, in order, empty lines included (K lines with ``--nbest K``).
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from transformer_mt.decode.translate import (
     format_nbest,
     input_lines,
     load_translator,
+    windows,
     write_stdout,
 )
 
@@ -51,19 +51,26 @@ def stream_lines(
     return 1 if input is None and output is None and stdin_is_terminal else None
 
 
-def translate_stream(translator: Translator, input: str | Path | None, buffer_lines: int) -> int:
+def translate_stream(
+    translator: Translator, input: str | Path | None, buffer_lines: int, prefix_file: str | Path | None = None
+) -> int:
     """Translate ``input`` (stdin when None) ``buffer_lines`` lines at a time as they are read; returns the lines.
 
     Each group's translations go to stdout, flushed, before the next group
     is read; ``--nbest`` rows are numbered from the input's first line. The
     warning about empty translations comes once, at the end of the input.
+    ``prefix_file``: one target prefix per input line, read beside it.
     """
     translator.show_progress = False
     k = translator.cfg.decode.nbest
     done = given = empty = 0
-    lines = input_lines(input)
-    while group := list(itertools.islice(lines, buffer_lines)):  # islice stops at N: it never waits for line N + 1
-        results = translator.translate_lines_nbest(group, nbest=k, start=done)
+    names = ("<stdin>" if input is None else str(input), str(prefix_file))
+    prefix_lines = None if prefix_file is None else input_lines(prefix_file)
+    # windows stops at N lines (islice): it never waits for line N + 1
+    for group, prefixes in windows(input_lines(input), prefix_lines, buffer_lines, names):
+        results = translator.translate_lines_nbest(
+            group, nbest=k, start=done, prefixes=prefixes, prefix_origin=names[1]
+        )
         best = [hyps[0].text for hyps in results]
         write_stdout(best if k == 1 else format_nbest(results, start=done))
         group_given, group_empty = count_empty(group, best)
@@ -77,7 +84,8 @@ def translate_stream(translator: Translator, input: str | Path | None, buffer_li
 def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
     ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
+    prefix_file: str | Path | None = None,
 ) -> int:  # fmt: skip
     """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`."""
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    return translate_stream(translator, input, buffer_lines)
+    return translate_stream(translator, input, buffer_lines, prefix_file)

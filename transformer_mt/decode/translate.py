@@ -19,6 +19,7 @@ by length.
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,12 +32,12 @@ from tqdm import tqdm
 
 from transformer_mt.config import Config, config_from_dict, parse_sampling
 from transformer_mt.data.batching import batches_by_tokens
-from transformer_mt.data.bpe import EOS, load_bpe
+from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
-from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
+from transformer_mt.decode.search import Hypothesis, beam_search, max_output_lengths, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.malloc import release_free_memory
@@ -56,8 +57,9 @@ class Translation:
     log_prob: float
 
 
-BatchSearch = Callable[[list[list[int]], int], list[list[Hypothesis]]]
-"""The n-best hypotheses (token ids without EOS, best first) of each source of a batch (ids ending in EOS)."""
+BatchSearch = Callable[[list[list[int]], int, list[list[int]] | None], list[list[Hypothesis]]]
+"""The n-best hypotheses (token ids without EOS, best first) of each source of a batch (ids ending in EOS), each
+starting with its prefix (target ids; None: no prefixes)."""
 
 
 class Translator:
@@ -96,11 +98,14 @@ class Translator:
             other.engine_search.cfg = other.cfg
         return other
 
-    def search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each source (ids ending in EOS): tmt's beam search, or the engine's."""
+    def search(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids ending in EOS), each starting with its ``prefixes``
+        entry (target ids, [] for none): tmt's beam search, or the engine's."""
         if self.engine_search is None:
-            return self._beam_search(sources, nbest)
-        return self.engine_search(sources, nbest)
+            return self._beam_search(sources, nbest, prefixes)
+        return self.engine_search(sources, nbest, prefixes)
 
     @classmethod
     def from_checkpoints(
@@ -160,25 +165,43 @@ class Translator:
         return [hyps[0].text for hyps in self.translate_lines_nbest(lines, nbest=1)]
 
     def translate_lines_nbest(
-        self, lines: Sequence[str], nbest: int | None = None, start: int = 0
+        self,
+        lines: Sequence[str],
+        nbest: int | None = None,
+        start: int = 0,
+        prefixes: Sequence[str] | None = None,
+        prefix_origin: str = "prefix",
     ) -> list[list[Translation]]:
         """The ``nbest`` (default: decode.nbest) best translations of every line, best first.
 
-        An empty line gets ``nbest`` empty translations with score 0.
-        ``start``: the 0-based input line number of ``lines[0]``, for warnings.
+        An empty line gets ``nbest`` empty translations with score 0 (with a
+        prefix: the prefix alone). ``start``: the 0-based input line number of
+        ``lines[0]``, for warnings and errors. ``prefixes``: one target text per
+        line ("" for none) that its translations start with (`encode_prefix`);
+        ``prefix_origin`` names them in errors (the --prefix-file).
         """
         nbest = self.cfg.decode.nbest if nbest is None else nbest
         if nbest < 1 or (nbest > self.cfg.decode.beam_size and self.cfg.decode.sampling == "none"):
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise TranslateError(f"{prefix_origin}: {len(prefixes)} prefixes for {len(lines)} lines; give one per line")
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
-        results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        forced = [
+            self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
+        ] if prefixes is not None else None  # fmt: skip
+        results: list[list[Translation]] = [
+            [] if x else [Translation(self.bpe.decode(forced[i]) if forced else "", 0.0, 0.0)] * nbest
+            for i, x in enumerate(ids)
+        ]
         todo = [i for i, x in enumerate(ids) if x]
         with tqdm(
             total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
         ) as bar:
             bar.update(len(lines) - len(todo))
             for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
-                for i, hyps in zip(batch, self._translate_batch([ids[i] for i in batch], nbest), strict=True):
+                batch_prefixes = None if forced is None else [forced[i] for i in batch]
+                found = self._translate_batch([ids[i] for i in batch], nbest, batch_prefixes)
+                for i, hyps in zip(batch, found, strict=True):
                     results[i] = hyps
                 bar.update(len(batch))
                 release_free_memory()  # what the batch freed goes back to the system: memory stays at one batch's
@@ -200,14 +223,46 @@ class Translator:
             ids = ids[:limit]
         return ids + [EOS]
 
-    def _translate_batch(self, sources: list[list[int]], nbest: int) -> list[list[Translation]]:
+    def encode_prefix(self, index: int, text: str, source: list[int], origin: str = "prefix") -> list[int]:
+        """The target ids that line ``index`` (0-based) must start with: ``text`` normalized and BPE-encoded
+        as the training targets were; [] for an empty one. A character the vocabulary lacks (it would be
+        forced as <unk>) or a prefix longer than the line's maximum output length (of a non-empty ``source``)
+        is a TranslateError."""
+        normal = normalize(text)
+        if not normal:
+            return []
+        ids = self.bpe.encode(normal, out_type=int)
+        if UNK in ids:
+            pieces = self.bpe.encode(normal, out_type=str)
+            unknown = "".join(p for p, i in zip(pieces, ids, strict=True) if i == UNK).replace("\u2581", " ").strip()
+            raise TranslateError(
+                f"{origin}: line {index + 1}: {unknown!r} is not in the model's vocabulary, so the prefix cannot be "
+                "forced (it would be <unk>); write the prefix without those characters"
+            )
+        if not source:  # nothing to translate: the output is the prefix alone, at any length
+            return ids
+        d = self.cfg.decode
+        limit = int(max_output_lengths(pad_batch([source]), d.max_len_a, d.max_len_b, self.cfg.model.max_positions)[0])
+        if len(ids) > limit:
+            raise TranslateError(
+                f"{origin}: line {index + 1}: the prefix is {len(ids)} BPE tokens, more than the line's maximum output "
+                f"length of {limit} (decode.max_len_a x source tokens + decode.max_len_b); shorten the prefix or "
+                "raise the limit, e.g. --set decode.max_len_b=200"
+            )
+        return ids
+
+    def _translate_batch(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Translation]]:
         results = []
-        for hyps in self.search(sources, nbest):
+        for hyps in self.search(sources, nbest, prefixes):
             found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
             results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
         return results
 
-    def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
+    def _beam_search(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
         """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings; with
         ``decode.sampling``, ``nbest`` samples of each source (`sample_search`)."""
         d = self.cfg.decode
@@ -217,12 +272,13 @@ class Translator:
                 self.model, pad_batch(sources).to(self.device), sources, sampling, temperature=d.sampling_temperature,
                 seed=d.seed, samples=nbest, len_penalty=d.len_penalty, len_penalty_form=d.len_penalty_form,
                 max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=self.cfg.model.max_positions,
-                no_repeat_ngram=d.no_repeat_ngram,
+                no_repeat_ngram=d.no_repeat_ngram, prefixes=prefixes,
             )  # fmt: skip
         return beam_search(
             self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
+            prefixes=prefixes,
         )  # fmt: skip
 
 
@@ -267,6 +323,38 @@ def input_lines(input: str | Path | None) -> Iterator[str]:
         except OSError as err:
             raise TranslateError(f"{name}: cannot read the input ({err.strerror})") from None
         yield line
+
+
+Window = tuple[list[str], list[str] | None]
+"""Input lines, and the prefix of each (None without --prefix-file)."""
+
+
+def windows(
+    lines: Iterator[str], prefixes: Iterator[str] | None, size: int | None, names: tuple[str, str] = ("", "")
+) -> Iterator[Window]:
+    """``lines`` ``size`` at a time (all at once for None), each with as many ``prefixes`` read beside them.
+
+    Neither is read past the window: a line is asked for only when the
+    window before it is done. When one runs out before the other, a
+    TranslateError gives both line counts (``names``: the input's and the
+    prefix file's), counting the rest of the longer one.
+    """
+    done = 0
+    while group := list(itertools.islice(lines, size)):
+        paired = None if prefixes is None else list(itertools.islice(prefixes, len(group)))
+        if paired is not None and len(paired) < len(group):
+            raise _count_mismatch(names, done + len(group) + sum(1 for _ in lines), done + len(paired))
+        yield group, paired
+        done += len(group)
+    if prefixes is not None and next(prefixes, None) is not None:
+        raise _count_mismatch(names, done, done + 1 + sum(1 for _ in prefixes))
+
+
+def _count_mismatch(names: tuple[str, str], lines: int, prefixes: int) -> TranslateError:
+    return TranslateError(
+        f"--prefix-file {names[1]}: {prefixes} lines, but the input {names[0]} has {lines}; give one prefix per input "
+        "line (an empty line for none)"
+    )
 
 
 def read_input_lines(input: str | Path | None) -> list[str]:
@@ -361,16 +449,20 @@ def translate_file(
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
     ensemble: bool = False,
+    prefix_file: str | Path | None = None,
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None), read whole and batched by length.
 
-    The input is read before the model loads, so bad input fails fast. See
-    `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
+    The input (and ``prefix_file``, one target prefix per input line) is
+    read before the model loads, so bad input fails fast. See `tmt translate
+    --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
     """
-    lines = read_input_lines(input)
+    names = ("<stdin>" if input is None else str(input), str(prefix_file))
+    prefix_lines = None if prefix_file is None else input_lines(prefix_file)
+    ((lines, prefixes),) = list(windows(input_lines(input), prefix_lines, None, names)) or [([], None)]
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
     k = translator.cfg.decode.nbest
-    results = translator.translate_lines_nbest(lines, nbest=k)
+    results = translator.translate_lines_nbest(lines, nbest=k, prefixes=prefixes, prefix_origin=names[1])
     best = [hyps[0].text for hyps in results]
     out_lines = best if k == 1 else format_nbest(results)
     _, warning = empty_outputs(lines, best)

@@ -7,9 +7,10 @@ Two request shapes share one worker:
   LibreTranslate's clients work unchanged. A string with several lines is
   translated line by line and joined again with '\\n', as a document.
 - ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
-  optional ``beam``, ``nbest``, ``len_penalty``, and for sampling ``sample``,
-  ``temperature``, ``seed``), answered with each line's translation, score
-  and n-best list (``nbest`` samples with ``sample``).
+  optional ``beam``, ``nbest``, ``len_penalty``, for sampling ``sample``,
+  ``temperature``, ``seed``, and ``prefixes``, one forced target prefix per
+  source), answered with each line's translation, score and n-best list
+  (``nbest`` samples with ``sample``).
 
 Every refusal is a `RequestError`: an HTTP status, a message a client can act
 on and the request field it is about (``None`` for the body as a whole).
@@ -64,6 +65,7 @@ class Job:
     lines: list[str]
     nbest: int = 1
     overrides: tuple[str, ...] = ()
+    prefixes: list[str] | None = None  # per line, the target text its translations start with ("" for none)
 
 
 @dataclass(frozen=True)
@@ -201,10 +203,28 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
         overrides.append(f"decode.sampling={sample}")
     if "seed" in raw:
         overrides.append(f"decode.seed={_whole(raw, 'seed', 0, 0, SEED_MAX)}")
-    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides)))
+    prefixes = _prefixes(raw, len(sources))
+    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes))
 
 
-V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed")
+V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes")
+
+
+def _prefixes(raw: dict[str, Any], lines: int) -> list[str] | None:
+    """``prefixes``: one string per source, a single line each ("" for none), or absent."""
+    prefixes = raw.get("prefixes")
+    if prefixes is None:
+        return None
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        raise RequestError(400, "'prefixes' must be a list of strings, one per source (\"\" for none)", "prefixes")
+    if len(prefixes) != lines:
+        raise RequestError(
+            400, f"'prefixes' has {len(prefixes)} entries for {lines} sources; give one per source", "prefixes"
+        )
+    for i, prefix in enumerate(prefixes):
+        if "\n" in prefix or "\r" in prefix:
+            raise RequestError(400, f"prefixes[{i}] holds a line break; a prefix is one line", f"prefixes[{i}]")
+    return list(prefixes)
 
 
 def _whole(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
