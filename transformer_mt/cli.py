@@ -391,13 +391,22 @@ def translate(
             show_default=False,
         ),
     ] = None,
+    window_lines: Annotated[
+        int,
+        typer.Option(
+            "--window-lines",
+            help="Read, translate and write a file or pipe N lines at a time, so that memory holds N lines whatever "
+            "the input's length; each window is batched by length (the same output for any N).",
+        ),
+    ] = 10_000,
     buffer_lines: Annotated[
         int | None,
         typer.Option(
             "--buffer-lines",
             help="Translate N lines at a time as they are read and print their translations at once, flushed, "
             "for a program that writes a line and waits for its translation (default at a terminal: 1; files and "
-            "pipes are otherwise read whole and batched by length, the fastest). Prints to stdout: not with -o.",
+            "pipes are otherwise read in --window-lines windows batched by length, the fastest). Prints to stdout: "
+            "not with -o.",
             show_default=False,
         ),
     ] = None,
@@ -412,9 +421,10 @@ def translate(
     + 50, early stopping); the flags override them. A line longer than the
     model's max_positions is translated after truncation, with a warning.
 
-    Input from a file or a pipe is read to its end, then translated in
-    batches; typed at a terminal (or with --buffer-lines N) each line (N
-    lines) is translated as soon as it is read.
+    Input from a file or a pipe is read, batched by length, translated and
+    written --window-lines lines at a time (memory stays bounded; -o FILE
+    appears complete or not at all); typed at a terminal (or with
+    --buffer-lines N) each line (N lines) is translated as soon as it is read.
 
     Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
     an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
@@ -444,7 +454,7 @@ def translate(
     terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
     stream = stream_lines(buffer_lines, input, output, terminal)
     if stream is None:
-        translate_file(checkpoint, input, output, **settings)
+        translate_file(checkpoint, input, output, window_lines=window_lines, **settings)
     else:
         _translate_interactive(checkpoint, input, stream, settings)
 

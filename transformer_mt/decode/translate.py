@@ -12,16 +12,17 @@ Several checkpoints are either averaged into one model (`read_average`, the
 paper's way with the last checkpoints of a run) or decoded together as an
 `transformer_mt.decode.ensemble.Ensemble`. Input from a terminal, or with
 ``--buffer-lines N``, is translated N lines at a time as it arrives
-(`transformer_mt.decode.stream`); a file or a pipe is read whole and batched
-by length.
+(`transformer_mt.decode.stream`); a file or a pipe is read in windows of
+``--window-lines`` lines, each batched by length (`translate_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,7 @@ class Translator:
         self.cfg = cfg
         self.device = torch.device(device)
         self.show_progress = True
+        self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
@@ -194,9 +196,8 @@ class Translator:
             for i, x in enumerate(ids)
         ]
         todo = [i for i, x in enumerate(ids) if x]
-        with tqdm(
-            total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
-        ) as bar:
+        own = tqdm(total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress)
+        with own if self.progress is None else contextlib.nullcontext(self.progress) as bar:
             bar.update(len(lines) - len(todo))
             for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
                 batch_prefixes = None if forced is None else [forced[i] for i in batch]
@@ -441,6 +442,61 @@ def write_stdout(lines: Sequence[str]) -> None:
         sys.stdout.flush()
 
 
+WINDOW_LINES = 10_000  # lines read, translated and written at a time by translate_file (benchmarks/README.md)
+
+
+@dataclass
+class EmptyCount:
+    """Non-empty source lines and those of them translated to nothing, summed over windows (`empty_warning`)."""
+
+    given: int = 0
+    empty: int = 0
+
+    def add(self, sources: Sequence[str], outputs: Sequence[str]) -> None:
+        given, empty = count_empty(sources, outputs)
+        self.given, self.empty = self.given + given, self.empty + empty
+
+
+def translated_windows(
+    translator: Translator, chunks: Iterable[Window], counts: EmptyCount, prefix_origin: str = "prefix"
+) -> Iterator[tuple[int, list[str]]]:
+    """Per window of input lines (and prefixes), in order: its line count and its output lines, the best
+    translations or ``--nbest`` rows numbered from the input's first line. ``counts`` sums the empty ones."""
+    k = translator.cfg.decode.nbest
+    done = 0
+    for group, prefixes in chunks:
+        results = translator.translate_lines_nbest(
+            group, nbest=k, start=done, prefixes=prefixes, prefix_origin=prefix_origin
+        )
+        best = [hyps[0].text for hyps in results]
+        counts.add(group, best)
+        yield len(group), best if k == 1 else format_nbest(results, start=done)
+        done += len(group)
+        del results, best  # the next window is read and translated without this one's results held
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a regular file as `input_lines` splits it (at b"\n"; a last line may lack it), bytes unread."""
+    lines, last = 0, b"\n"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def check_line_counts(input: str | Path | None, prefix_file: str | Path) -> None:
+    """Refuse a --prefix-file of another line count than the input before anything is translated, when both
+    are regular files (a pipe is counted as it is read, by `windows`)."""
+    if input is None or not Path(input).is_file() or not Path(prefix_file).is_file():
+        return
+    try:
+        given, prefixes = count_lines(Path(input)), count_lines(Path(prefix_file))
+    except OSError:
+        return  # reading reports it, naming the file
+    if given != prefixes:
+        raise _count_mismatch((str(input), str(prefix_file)), given, prefixes)
+
+
 def translate_file(
     checkpoints: Sequence[str | Path],
     input: str | Path | None = None,
@@ -450,25 +506,48 @@ def translate_file(
     engine: str = "pytorch",
     ensemble: bool = False,
     prefix_file: str | Path | None = None,
+    window_lines: int = WINDOW_LINES,
 ) -> None:
-    """Translate ``input`` (stdin when None) to ``output`` (stdout when None), read whole and batched by length.
+    """Translate ``input`` (stdin when None) to ``output`` (stdout when None), ``window_lines`` lines at a time.
 
-    The input (and ``prefix_file``, one target prefix per input line) is
-    read before the model loads, so bad input fails fast. See `tmt translate
-    --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
+    Each window is read, batched by length, translated and written before
+    the next is read, so memory holds one window whatever the input's
+    length, and stdout shows the first translations before the input ends.
+    The output equals a whole-file run's for any window (a line's
+    translation does not depend on its batch). The first window is read
+    before the model loads, so bad input at the start fails fast; ``output``
+    is written to a temporary file renamed at the end (`atomic_write_lines`),
+    so a failure later leaves no file that looks complete. ``prefix_file``:
+    one target prefix per input line, read beside it. See `tmt translate
+    --help`; `transformer_mt.decode.stream` translates as lines arrive.
     """
+    if window_lines < 1:
+        raise TranslateError(f"--window-lines must be at least 1, got {window_lines}")
     names = ("<stdin>" if input is None else str(input), str(prefix_file))
+    if prefix_file is not None:
+        check_line_counts(input, prefix_file)
     prefix_lines = None if prefix_file is None else input_lines(prefix_file)
-    ((lines, prefixes),) = list(windows(input_lines(input), prefix_lines, None, names)) or [([], None)]
+    chunks = windows(input_lines(input), prefix_lines, window_lines, names)
+    first = next(chunks, None)  # read before the model loads
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    k = translator.cfg.decode.nbest
-    results = translator.translate_lines_nbest(lines, nbest=k, prefixes=prefixes, prefix_origin=names[1])
-    best = [hyps[0].text for hyps in results]
-    out_lines = best if k == 1 else format_nbest(results)
-    _, warning = empty_outputs(lines, best)
+    counts = EmptyCount()
+    # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
+    # found before any translation is the only line printed
+    with tqdm(unit="sent", desc="translate", file=sys.stderr, disable=not translator.show_progress, delay=0.5) as bar:
+        translator.progress = bar
+        outputs = translated_windows(translator, itertools.chain([first] if first else [], chunks), counts, names[1])
+
+        def lines() -> Iterator[str]:
+            for _, out in outputs:
+                yield from out
+                del out  # written: not held while the next window is translated
+
+        if output is None:
+            for _, out in outputs:
+                write_stdout(out)
+                del out
+        else:
+            atomic_write_lines(output, lines())
+    warning = empty_warning(counts.given, counts.empty)
     if warning:
         print(warning, file=sys.stderr)
-    if output is None:
-        write_stdout(out_lines)
-    else:
-        atomic_write_lines(output, out_lines)
