@@ -391,6 +391,17 @@ def translate(
             show_default=False,
         ),
     ] = None,
+    alignment: Annotated[
+        str | None,
+        typer.Option(
+            "--alignment",
+            help="Add each translation's word alignment after a tab (also on --nbest rows), from the decoder's "
+            "attention over the source in decode.alignment_layer (default: the layer below the top): hard = Pharaoh "
+            "'i-j' pairs (0-based source word i, target word j); soft = per target word, the source words' "
+            "probabilities, comma-separated, words separated by spaces.",
+            show_default=False,
+        ),
+    ] = None,
     window_lines: Annotated[
         int,
         typer.Option(
@@ -444,7 +455,7 @@ def translate(
         )
     overrides = decode_overrides(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
-        temperature=temperature, seed=seed,
+        temperature=temperature, seed=seed, alignment=alignment,
     )  # fmt: skip
     settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file)
     if output is not None:

@@ -157,6 +157,11 @@ class DecodeConfig:
     sampling: str = "none"
     sampling_temperature: float = 1.0  # the log-probabilities are divided by it before drawing (< 1: sharper)
     seed: int = 1  # with the source's token ids and the sample's number, seeds each sentence's draws
+    # word alignments of each translation from the decoder's attention over the source: none, hard (Pharaoh i-j
+    # pairs) or soft (per target word, the source words' probabilities); from decoder layer alignment_layer
+    # (1-based; 0: the one below the top, fairseq's)
+    alignment: Literal["none", "hard", "soft"] = "none"
+    alignment_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -380,6 +385,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.pad_to_multiple must be 0 (off) or a multiple such as 8, got {cfg.train.pad_to_multiple}"
         )
+    if cfg.decode.alignment_layer > cfg.model.decoder_layers:
+        raise ConfigError(
+            f"decode.alignment_layer {cfg.decode.alignment_layer}: the model has decoder layers 1 to "
+            f"{cfg.model.decoder_layers} (0: the one below the top)"
+        )
     if cfg.decode.nbest > cfg.decode.beam_size and cfg.decode.sampling == "none":  # K samples need no beam
         raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
     if not cfg.train.save_dir.strip():
@@ -428,6 +438,11 @@ def _validate_decode(d: DecodeConfig) -> None:
             f"decode.no_repeat_ngram must be 0 (off, the paper) or an n-gram size, got {d.no_repeat_ngram}"
         )
     _validate_sampling(d)
+    if d.alignment_layer < 0:
+        raise ConfigError(
+            f"decode.alignment_layer must be 0 (the layer below the top) or a decoder layer from 1, got "
+            f"{d.alignment_layer}"
+        )
 
 
 def _validate_sampling(d: DecodeConfig) -> None:

@@ -76,6 +76,7 @@ def decode_flags(
     sample: str | None = None,
     temperature: float | None = None,
     seed: int | None = None,
+    alignment: str | None = None,
 ) -> list[str]:
     """The ``--set decode.*`` texts that the decoding flags stand for (those not None), in that order."""
     flags = {
@@ -87,6 +88,7 @@ def decode_flags(
         "sampling": sample,
         "sampling_temperature": temperature,
         "seed": seed,
+        "alignment": alignment,
     }
     return [f"decode.{key}={value}" for key, value in flags.items() if value is not None]
 

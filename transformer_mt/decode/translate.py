@@ -35,6 +35,7 @@ from transformer_mt.config import Config, config_from_dict, parse_sampling
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
+from transformer_mt.decode.align import alignments, default_layer
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
@@ -51,11 +52,17 @@ class TranslateError(UserError):
 
 @dataclass(frozen=True)
 class Translation:
-    """One hypothesis: detokenized ``text``, normalized ``score`` and raw ``log_prob`` (natural log, EOS included)."""
+    """One hypothesis: detokenized ``text``, normalized ``score`` and raw ``log_prob`` (natural log, EOS included);
+    ``alignment``: its word alignment line with ``decode.alignment`` (`transformer_mt.decode.align`), else None."""
 
     text: str
     score: float
     log_prob: float
+    alignment: str | None = None
+
+    def line(self) -> str:
+        """The text, and its alignment after a tab when there is one: what an output line shows."""
+        return self.text if self.alignment is None else f"{self.text}\t{self.alignment}"
 
 
 BatchSearch = Callable[[list[list[int]], int, list[list[int]] | None], list[list[Hypothesis]]]
@@ -191,8 +198,9 @@ class Translator:
         forced = [
             self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
         ] if prefixes is not None else None  # fmt: skip
+        empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results: list[list[Translation]] = [
-            [] if x else [Translation(self.bpe.decode(forced[i]) if forced else "", 0.0, 0.0)] * nbest
+            [] if x else [Translation(self.bpe.decode(forced[i]) if forced else "", 0.0, 0.0, empty_alignment)] * nbest
             for i, x in enumerate(ids)
         ]
         todo = [i for i, x in enumerate(ids) if x]
@@ -255,11 +263,32 @@ class Translator:
     def _translate_batch(
         self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
     ) -> list[list[Translation]]:
+        found = self.search(sources, nbest, prefixes)
+        aligned = self._alignments(sources, found)
+        empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results = []
-        for hyps in self.search(sources, nbest, prefixes):
-            found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
-            results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
+        for hyps, lines in zip(found, aligned, strict=True):
+            done = [
+                Translation(self.bpe.decode(h.tokens), h.score, h.log_prob, a) for h, a in zip(hyps, lines, strict=True)
+            ]
+            missing = Translation("", float("-inf"), float("-inf"), empty_alignment)
+            results.append(done + [missing] * (nbest - len(done)))
         return results
+
+    def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
+        """Each hypothesis' alignment line (`transformer_mt.decode.align`), or None without ``decode.alignment``."""
+        d = self.cfg.decode
+        if d.alignment == "none":
+            return [[None] * len(hyps) for hyps in found]
+        if not isinstance(self.model, Transformer):
+            raise TranslateError(
+                "--alignment reads the attention of one tmt model: use --engine pytorch with one checkpoint (or "
+                "several averaged, without --ensemble)"
+            )
+        pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
+        layer = d.alignment_layer or default_layer(self.model.cfg.decoder_layers)
+        flat = iter(alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment))
+        return [[next(flat) for _ in hyps] for hyps in found]
 
     def _beam_search(
         self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
@@ -397,8 +426,9 @@ def empty_warning(given: int, empty: int) -> str | None:
 
 
 def format_nbest(results: Sequence[Sequence[Translation]], start: int = 0) -> list[str]:
-    """``index<TAB>score<TAB>text`` lines: 0-based input line index (the first is ``start``), normalized score."""
-    return [f"{start + i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
+    """``index<TAB>score<TAB>text`` lines: 0-based input line index (the first is ``start``), normalized score;
+    ``<TAB>alignment`` after the text with ``decode.alignment``."""
+    return [f"{start + i}\t{t.score:.4f}\t{t.line()}" for i, hyps in enumerate(results) for t in hyps]
 
 
 ENGINES = ("pytorch", "ctranslate2")
@@ -470,7 +500,7 @@ def translated_windows(
         )
         best = [hyps[0].text for hyps in results]
         counts.add(group, best)
-        yield len(group), best if k == 1 else format_nbest(results, start=done)
+        yield len(group), [hyps[0].line() for hyps in results] if k == 1 else format_nbest(results, start=done)
         done += len(group)
         del results, best  # the next window is read and translated without this one's results held
 
