@@ -18,7 +18,6 @@ from transformer_mt.cli import app
 from transformer_mt.config import ConfigError, load_config
 from transformer_mt.data.bpe import BOS, EOS
 from transformer_mt.decode.align import (
-    default_layer,
     format_alignment,
     piece_attention,
     word_index,
@@ -142,4 +141,3 @@ def test_alignment_settings_are_checked() -> None:
         load_config(None, ["model.decoder_layers=2", "decode.alignment_layer=3"])
     with pytest.raises(ConfigError, match="'both' is not one of 'none', 'hard', 'soft'"):
         load_config(None, ["decode.alignment=both"])
-    assert default_layer(6) == 5 and default_layer(2) == 1 and default_layer(1) == 1

@@ -18,7 +18,6 @@ import torch
 
 from transformer_mt.data.bpe import BOS, EOS
 from transformer_mt.data.clean import normalize
-from transformer_mt.decode.align import default_layer
 from transformer_mt.decode.load import load_model
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
@@ -43,6 +42,11 @@ class SentenceAttention:
 
     panel: AttentionPanel
     target: str
+
+
+def default_layer(layers: int) -> int:
+    """The layer the paper draws (5 of 6): the one below the top, or the only one."""
+    return max(layers - 1, 1)
 
 
 def sentence_attention(

@@ -396,7 +396,7 @@ def translate(
         typer.Option(
             "--alignment",
             help="Add each translation's word alignment after a tab (also on --nbest rows), from the decoder's "
-            "attention over the source in decode.alignment_layer (default: the layer below the top): hard = Pharaoh "
+            "attention over the source in decode.alignment_layer (default: the top layer): hard = Pharaoh "
             "'i-j' pairs (0-based source word i, target word j); soft = per target word, the source words' "
             "probabilities, comma-separated, words separated by spaces.",
             show_default=False,

@@ -3,9 +3,9 @@
 A translation's alignment is read from a second, teacher-forced pass: the
 model's decoder runs once over the chosen hypothesis (BOS + its tokens) with
 the source, and the attention weights over the source of one decoder layer
-(``decode.alignment_layer``; 0, the default: the layer below the top, the
-penultimate, fairseq's choice and the one the paper draws) are averaged over
-the heads. Reading them during the search would need them kept per beam
+(``decode.alignment_layer``; 0, the default: the top layer, which aligned
+best on Multi30k, docs/decoding.md; fairseq takes the one below it) are
+averaged over the heads. Reading them during the search would need them kept per beam
 through every reorder of the cache; the second pass gives the attention of
 exactly the hypothesis chosen, and costs one decoder pass.
 
@@ -36,11 +36,6 @@ from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.model.transformer import Transformer
 
 WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
-
-
-def default_layer(layers: int) -> int:
-    """The layer the paper draws (5 of 6) and fairseq aligns with: the one below the top, or the only one."""
-    return max(layers - 1, 1)
 
 
 def word_index(pieces: Sequence[str]) -> list[int]:

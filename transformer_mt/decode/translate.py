@@ -35,7 +35,7 @@ from transformer_mt.config import Config, config_from_dict, parse_sampling
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
-from transformer_mt.decode.align import alignments, default_layer
+from transformer_mt.decode.align import alignments
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
@@ -204,8 +204,7 @@ class Translator:
             for i, x in enumerate(ids)
         ]
         todo = [i for i, x in enumerate(ids) if x]
-        own = tqdm(total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress)
-        with own if self.progress is None else contextlib.nullcontext(self.progress) as bar:
+        with self._progress(len(lines)) as bar:
             bar.update(len(lines) - len(todo))
             for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
                 batch_prefixes = None if forced is None else [forced[i] for i in batch]
@@ -215,6 +214,12 @@ class Translator:
                 bar.update(len(batch))
                 release_free_memory()  # what the batch freed goes back to the system: memory stays at one batch's
         return results
+
+    def _progress(self, total: int) -> contextlib.AbstractContextManager[tqdm]:
+        """The caller's bar (``progress``), or a bar of this call's ``total`` lines (shown with ``show_progress``)."""
+        if self.progress is not None:
+            return contextlib.nullcontext(self.progress)
+        return tqdm(total=total, unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress)
 
     def encode(self, index: int, line: str) -> list[int]:
         """Normalized, BPE-encoded source ids plus EOS ([] for an empty line), truncated to the model's positions."""
@@ -286,7 +291,7 @@ class Translator:
                 "several averaged, without --ensemble)"
             )
         pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
-        layer = d.alignment_layer or default_layer(self.model.cfg.decoder_layers)
+        layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
         flat = iter(alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment))
         return [[next(flat) for _ in hyps] for hyps in found]
 
