@@ -22,9 +22,9 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.search import (
     Hypothesis,
-    _kept_sentences,
     beam_search,
     block_repeated_ngrams,
+    kept_sentences,
     length_penalty,
     max_output_lengths,
     row_topk,
@@ -580,8 +580,8 @@ def test_row_topk_of_rows_that_may_only_end() -> None:
 def test_kept_sentences_move_only_into_the_places_of_done_ones() -> None:
     """The active sentences behind the first n' fill the done places in front; the others stay where they are."""
     done = torch.tensor([True, False, False, True, False, False, True, False])
-    keep = _kept_sentences(done)
+    keep = kept_sentences(done)
     assert keep.tolist() == [5, 1, 2, 7, 4]
     assert sorted(keep.tolist()) == (~done).nonzero().squeeze(1).tolist()
-    assert _kept_sentences(torch.tensor([False, False])).tolist() == [0, 1]
-    assert _kept_sentences(torch.tensor([True, True])).tolist() == []
+    assert kept_sentences(torch.tensor([False, False])).tolist() == [0, 1]
+    assert kept_sentences(torch.tensor([True, True])).tolist() == []

@@ -93,6 +93,13 @@ def test_libre_refusals_name_the_field(translator: Translator, body: dict, statu
         ({"sources": ["a"], "beam": 2, "nbest": 3}, "nbest"),
         ({"sources": ["a"], "len_penalty": "x"}, "len_penalty"),
         ({"sources": ["a"], "lenpen": 1}, "lenpen"),
+        ({"sources": ["a"], "sample": 5}, "sample"),
+        ({"sources": ["a"], "sample": "topk:5", "temperature": "hot"}, "temperature"),
+        ({"sources": ["a"], "sample": "topk:5", "seed": -1}, "seed"),
+        ({"sources": ["a"], "sample": "topk:5", "nbest": 17}, "nbest"),
+        ({"sources": ["a"], "prefixes": ["x", "y"]}, "prefixes"),
+        ({"sources": ["a"], "prefixes": "x"}, "prefixes"),
+        ({"sources": ["a", "b"], "prefixes": ["", "x\ny"]}, "prefixes[1]"),
     ],
 )
 def test_v1_refusals_name_the_field(translator: Translator, body: dict, field: str) -> None:
@@ -297,3 +304,38 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
         r = client.post("/v1/attention", json={"text": lines[0]})
         assert r.status_code == 400 and "engine pytorch" in r.json()["error"]
     assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged
+
+
+def test_v1_sampling_fields_become_decode_overrides(translator: Translator) -> None:
+    job = parse_v1({"sources": ["a"], "sample": "topp:0.9", "temperature": 0.7, "seed": 5, "nbest": 6},
+                   translator.cfg, Limits()).job  # fmt: skip
+    assert job.overrides == ("decode.beam_size=1", "decode.sampling_temperature=0.7", "decode.sampling=topp:0.9",
+                             "decode.seed=5")  # fmt: skip
+    assert job.nbest == 6 and translator.with_decode(job.overrides).cfg.decode.sampling == "topp:0.9"
+
+
+def test_v1_samples_a_line_as_tmt_translate_does_whatever_shares_its_request(client, translator, lines) -> None:
+    sampler = translator.with_decode(["decode.sampling=topk:20", "decode.seed=7", "decode.beam_size=1"])
+    expected = {line: sampler.translate_lines_nbest([line], nbest=2)[0] for line in lines[:4]}
+    for sources in (lines[:4], lines[3:4], [lines[2], lines[5], lines[0]]):
+        r = client.post("/v1/translate", json={"sources": sources, "sample": "topk:20", "seed": 7, "nbest": 2})
+        assert r.status_code == 200, r.text
+        for line, got in zip(sources, r.json()["translations"], strict=True):
+            if line in expected:
+                assert [h["translation"] for h in got["nbest"]] == [h.text for h in expected[line]]
+    r = client.post("/v1/translate", json={"sources": ["a"], "sample": "topk:0"})
+    assert r.status_code == 400 and "topk:K (K >= 1" in r.json()["error"]
+    r = client.post("/v1/translate", json={"sources": ["a"], "sample": "topk:3", "beam": 2})
+    assert r.status_code == 400 and "takes no beam" in r.json()["error"]
+
+
+def test_v1_prefixes_start_each_translation(client, translator: Translator, lines) -> None:
+    prefixes = ["Die Katze", "", "der Mann , der"]
+    expected = translator.translate_lines_nbest(lines[:3], nbest=2, prefixes=prefixes)
+    r = client.post("/v1/translate", json={"sources": lines[:3], "prefixes": prefixes, "nbest": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    assert [[h["translation"] for h in t["nbest"]] for t in got] == [[h.text for h in e] for e in expected]
+    assert got[0]["translation"].startswith("Die Katze") and got[2]["translation"].startswith("der Mann , der")
+    r = client.post("/v1/translate", json={"sources": lines[:2], "prefixes": ["", "Die ☃"]})
+    assert r.status_code == 400 and "prefixes: line 2: '☃' is not in the model's vocabulary" in r.json()["error"]

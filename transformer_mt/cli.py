@@ -144,7 +144,7 @@ CombineOpt = Annotated[
 ]
 
 
-def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags: int | float | None) -> list[str]:
+def decode_overrides(set_: list[str] | None, quantize: Quantize | None, **flags: int | float | str | None) -> list[str]:
     """The --set texts of translate/evaluate/serve, then the decoding flags as the decode.* keys they set (applied
     last: a flag wins over --set), so that the checkpoint's config is changed and validated in one place."""
     from transformer_mt.decode.load import decode_flags
@@ -420,7 +420,8 @@ def translate(
         typer.Option(
             "--nbest",
             help="Write the K best hypotheses per input line as 'index<TAB>score<TAB>text' "
-            "(0-based line index, length-normalized log-probability, best first); K <= beam.",
+            "(0-based line index, length-normalized log-probability, best first); K <= beam. With --sample: K "
+            "samples, in the order drawn.",
         ),
     ] = None,
     batch_tokens: Annotated[
@@ -442,13 +443,72 @@ def translate(
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
+    sample: Annotated[
+        str | None,
+        typer.Option(
+            "--sample",
+            help="Draw each token instead of beam search: topk:K from the K most probable tokens, topp:P from the "
+            "fewest most probable tokens holding probability P (e.g. topk:10, topp:0.9). Beam 1 (refuses --beam > 1); "
+            "--nbest K gives K samples per line. Reproducible: a line's sample depends on --seed and the line only, "
+            "not on its batch or the rest of the file (decode.sampling).",
+            show_default=False,
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            help="With --sample: divide the log-probabilities by T before drawing; < 1 sharper, > 1 more varied "
+            "(default 1; decode.sampling_temperature).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            help="With --sample: the seed, hashed with each line's tokens and the sample's number; the same seed "
+            "and line give the same sample (default 1; decode.seed).",
+            show_default=False,
+        ),
+    ] = None,
+    prefix_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefix-file",
+            help="Target prefixes, one per input line (an empty line: none): each translation starts with its "
+            "line's prefix and the search continues from it; the prefix's tokens count in the score. As many lines "
+            "as the input.",
+            show_default=False,
+        ),
+    ] = None,
+    alignment: Annotated[
+        str | None,
+        typer.Option(
+            "--alignment",
+            help="Add each translation's word alignment after a tab (also on --nbest rows), from the decoder's "
+            "attention over the source in decode.alignment_layer (default: the top layer): hard = Pharaoh "
+            "'i-j' pairs (0-based source word i, target word j); soft = per target word, the source words' "
+            "probabilities, comma-separated, words separated by spaces.",
+            show_default=False,
+        ),
+    ] = None,
+    window_lines: Annotated[
+        int,
+        typer.Option(
+            "--window-lines",
+            help="Read, translate and write a file or pipe N lines at a time, so that memory holds N lines whatever "
+            "the input's length; each window is batched by length (the same output for any N).",
+        ),
+    ] = 10_000,
     buffer_lines: Annotated[
         int | None,
         typer.Option(
             "--buffer-lines",
             help="Translate N lines at a time as they are read and print their translations at once, flushed, "
             "for a program that writes a line and waits for its translation (default at a terminal: 1; files and "
-            "pipes are otherwise read whole and batched by length, the fastest). Prints to stdout: not with -o.",
+            "pipes are otherwise read in --window-lines windows batched by length, the fastest). Prints to stdout: "
+            "not with -o.",
             show_default=False,
         ),
     ] = None,
@@ -463,9 +523,10 @@ def translate(
     + 50, early stopping); the flags override them. A line longer than the
     model's max_positions is translated after truncation, with a warning.
 
-    Input from a file or a pipe is read to its end, then translated in
-    batches; typed at a terminal (or with --buffer-lines N) each line (N
-    lines) is translated as soon as it is read.
+    Input from a file or a pipe is read, batched by length, translated and
+    written --window-lines lines at a time (memory stays bounded; -o FILE
+    appears complete or not at all); typed at a terminal (or with
+    --buffer-lines N) each line (N lines) is translated as soon as it is read.
 
     Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
     an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
@@ -483,8 +544,11 @@ def translate(
             f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
             f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {ctx.args[0]}"
         )
-    overrides = decode_overrides(set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
-    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble)
+    overrides = decode_overrides(
+        set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
+        temperature=temperature, seed=seed, alignment=alignment,
+    )  # fmt: skip
+    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file)
     if output is not None:
         check_output_file(output, example="translations.txt")
     elif sys.stdout is None:
@@ -492,7 +556,7 @@ def translate(
     terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
     stream = stream_lines(buffer_lines, input, output, terminal)
     if stream is None:
-        translate_file(checkpoint, input, output, **settings)
+        translate_file(checkpoint, input, output, window_lines=window_lines, **settings)
     else:
         _translate_interactive(checkpoint, input, stream, settings)
 

@@ -157,6 +157,43 @@ class DecodeConfig:
     # exact: a sentence ends when no live hypothesis can still win (the paper's tensor2tensor); deviation
     # k_finished: it ends once k hypotheses have finished (fairseq's and CTranslate2's rule, fewer steps)
     stopping: Literal["exact", "k_finished"] = "exact"
+    # deviation: draw each token instead of searching; "none" (the paper's beam search), "topk:K" (from the K most
+    # probable tokens) or "topp:P" (from the fewest most probable tokens holding probability P); beam_size 1
+    sampling: str = "none"
+    sampling_temperature: float = 1.0  # the log-probabilities are divided by it before drawing (< 1: sharper)
+    seed: int = 1  # with the source's token ids and the sample's number, seeds each sentence's draws
+    # word alignments of each translation from the decoder's attention over the source: none, hard (Pharaoh i-j
+    # pairs) or soft (per target word, the source words' probabilities); from decoder layer alignment_layer
+    # (1-based; 0: the top one, which aligned best on Multi30k; fairseq takes the one below it)
+    alignment: Literal["none", "hard", "soft"] = "none"
+    alignment_layer: int = 0
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``decode.sampling`` read: draw from the ``topk`` most probable tokens, or the nucleus of mass ``topp``."""
+
+    kind: Literal["topk", "topp"]
+    value: float  # K (a whole number) or P in (0, 1]
+
+
+SAMPLING_FIX = "use topk:K (K >= 1, e.g. topk:10) or topp:P (0 < P <= 1, e.g. topp:0.9)"
+
+
+def parse_sampling(text: str) -> Sampling | None:
+    """``decode.sampling`` as a `Sampling`, None for "none"; a ConfigError naming the fix for anything else."""
+    if text == "none":
+        return None
+    kind, _, value = text.partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"decode.sampling {text!r} (--sample): {SAMPLING_FIX}, or none") from None
+    if kind == "topk" and number.is_integer() and number >= 1:
+        return Sampling("topk", number)
+    if kind == "topp" and 0 < number <= 1:
+        return Sampling("topp", number)
+    raise ConfigError(f"decode.sampling {text!r} (--sample): {SAMPLING_FIX}")
 
 
 @dataclass
@@ -404,7 +441,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.pad_to_multiple must be 0 (off) or a multiple such as 8, got {cfg.train.pad_to_multiple}"
         )
-    if cfg.decode.nbest > cfg.decode.beam_size:
+    if cfg.decode.alignment_layer > cfg.model.decoder_layers:
+        raise ConfigError(
+            f"decode.alignment_layer {cfg.decode.alignment_layer}: the model has decoder layers 1 to "
+            f"{cfg.model.decoder_layers} (0: the top one)"
+        )
+    if cfg.decode.nbest > cfg.decode.beam_size and cfg.decode.sampling == "none":  # K samples need no beam
         raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
     if not cfg.train.save_dir.strip():
         raise ConfigError("train.save_dir is empty; it names the run directory, e.g. runs/my_run")
@@ -451,6 +493,27 @@ def _validate_decode(d: DecodeConfig) -> None:
         raise ConfigError(
             f"decode.no_repeat_ngram must be 0 (off, the paper) or an n-gram size, got {d.no_repeat_ngram}"
         )
+    _validate_sampling(d)
+    if d.alignment_layer < 0:
+        raise ConfigError(
+            f"decode.alignment_layer must be 0 (the top layer) or a decoder layer from 1, got {d.alignment_layer}"
+        )
+
+
+def _validate_sampling(d: DecodeConfig) -> None:
+    """A sample is drawn one token at a time: one hypothesis per draw, so no beam; a temperature above 0."""
+    if parse_sampling(d.sampling) is not None and d.beam_size > 1:
+        raise ConfigError(
+            f"--sample {d.sampling} draws one token at a time and takes no beam (decode.beam_size is {d.beam_size}): "
+            "pass --beam 1, or drop --sample to search with the beam; --nbest K gives K samples"
+        )
+    if not (math.isfinite(d.sampling_temperature) and d.sampling_temperature > 0):
+        raise ConfigError(
+            f"--temperature (decode.sampling_temperature) must be above 0 (1: the model's own distribution), "
+            f"got {d.sampling_temperature}"
+        )
+    if not 0 <= d.seed <= SEED_MAX:
+        raise ConfigError(f"--seed (decode.seed) must be an integer from 0 to {SEED_MAX}, got {d.seed}")
 
 
 def _validate_data(d: DataConfig) -> None:

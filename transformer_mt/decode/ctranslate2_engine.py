@@ -39,7 +39,7 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
-from transformer_mt.config import Config
+from transformer_mt.config import Config, parse_sampling
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.decode.search import Hypothesis, length_penalty, max_output_lengths, pad_batch
 from transformer_mt.errors import UserError
@@ -92,6 +92,7 @@ class CTranslate2Search:
     def __init__(self, directory: Path, cfg: Config, bpe: spm.SentencePieceProcessor, device: torch.device) -> None:
         """Load ``directory``; ``decode.quantize: int8`` loads the weights as int8 whatever type was exported."""
         ct2 = require_ctranslate2()
+        ct2.set_random_seed(cfg.decode.seed)  # before its threads exist: they seed their generators from it
         self.cfg = cfg
         self.pieces = pieces_of(bpe)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
@@ -108,13 +109,17 @@ class CTranslate2Search:
                 file=sys.stderr,
             )
 
-    def __call__(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each source (ids + EOS), best first, each within its own length limit."""
+    def __call__(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids + EOS), best first, each within its own length limit
+        and starting with its ``prefixes`` entry (CTranslate2's ``target_prefix``)."""
         limits = self._max_lengths(sources)
-        results = self._search(sources, max(limits), nbest)
+        results = self._search(sources, max(limits), nbest, prefixes)
         for i, result in enumerate(results):
             if any(len(_without_eos(h, self.pieces[EOS])) > limits[i] for h in result.hypotheses):
-                results[i] = self._search([sources[i]], limits[i], nbest)[0]  # its own, shorter limit
+                alone = None if prefixes is None else [prefixes[i]]
+                results[i] = self._search([sources[i]], limits[i], nbest, alone)[0]  # its own, shorter limit
         return [self._hypotheses(r.hypotheses, r.scores) for r in results]
 
     def _max_lengths(self, sources: list[list[int]]) -> list[int]:
@@ -122,15 +127,42 @@ class CTranslate2Search:
         d = self.cfg.decode
         return max_output_lengths(pad_batch(sources), d.max_len_a, d.max_len_b, self.cfg.model.max_positions).tolist()
 
-    def _search(self, sources: list[list[int]], max_len: int, nbest: int) -> list[Any]:
-        """CTranslate2's beam search over ``sources``, at most ``max_len`` tokens before EOS; PAD and BOS never."""
+    def _search(
+        self, sources: list[list[int]], max_len: int, nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[Any]:
+        """CTranslate2's beam search over ``sources``, at most ``max_len`` tokens before EOS; PAD and BOS never.
+
+        With ``decode.sampling``: its random sampling, ``nbest`` samples per source, seeded by ``decode.seed``
+        once per call (`sampling_options`).
+        """
         d = self.cfg.decode
         return self.engine.translate_batch(
             [[self.pieces[i] for i in ids[:-1]] for ids in sources],  # CTranslate2 appends EOS itself
             beam_size=d.beam_size, num_hypotheses=nbest, length_penalty=d.len_penalty, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_len, max_input_length=0, return_scores=True,
             suppress_sequences=[[self.pieces[PAD]], [self.pieces[BOS]]], no_repeat_ngram_size=d.no_repeat_ngram,
+            target_prefix=None if prefixes is None else [[self.pieces[i] for i in ids] for ids in prefixes],
+            **self.sampling_options(),
         )  # fmt: skip
+
+    def sampling_options(self) -> dict[str, Any]:
+        """CTranslate2's sampling arguments for ``decode.sampling`` (none without it).
+
+        topk:K is ``sampling_topk=K``; topp:P is ``sampling_topp=P`` over the
+        whole vocabulary (``sampling_topk=0``). CTranslate2 draws from one
+        random stream per worker thread, seeded with ``decode.seed`` when the
+        engine loads (`ctranslate2.set_random_seed`) and never again: a run
+        over the same file repeats itself, but a line's sample depends on what
+        was drawn before it, its batch and the batches before, unlike tmt's
+        (docs/decoding.md).
+        """
+        d = self.cfg.decode
+        sampling = parse_sampling(d.sampling)
+        if sampling is None:
+            return {}
+        topk = int(sampling.value) if sampling.kind == "topk" else 0
+        topp = sampling.value if sampling.kind == "topp" else 1.0
+        return {"sampling_topk": topk, "sampling_topp": topp, "sampling_temperature": d.sampling_temperature}
 
     def _hypotheses(self, hypotheses: list[list[str]], scores: list[float]) -> list[Hypothesis]:
         """Token ids without EOS; log_prob undoes CTranslate2's length normalization (EOS in the length)."""

@@ -73,6 +73,10 @@ def decode_flags(
     nbest: int | None = None,
     batch_tokens: int | None = None,
     quantize: str | None = None,
+    sample: str | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+    alignment: str | None = None,
 ) -> list[str]:
     """The ``--set decode.*`` texts that the decoding flags stand for (those not None), in that order."""
     flags = {
@@ -81,6 +85,10 @@ def decode_flags(
         "nbest": nbest,
         "batch_tokens": batch_tokens,
         "quantize": quantize,
+        "sampling": sample,
+        "sampling_temperature": temperature,
+        "seed": seed,
+        "alignment": alignment,
     }
     return [f"decode.{key}={value}" for key, value in flags.items() if value is not None]
 
@@ -92,9 +100,11 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
     trained on. Sinusoidal positions are computed, not stored, so a trained
     model accepts any ``max_positions``; learned positions cannot change. A
     smaller ``decode.beam_size`` without a ``decode.nbest`` also shortens the
-    stored n-best list to the beam. The result is validated once, here.
+    stored n-best list to the beam. ``decode.sampling`` without a
+    ``decode.beam_size`` sets the beam to 1 (a sample takes no beam). The
+    result is validated once, here.
     """
-    stored_nbest, nbest_given = cfg.decode.nbest, False
+    stored_nbest, nbest_given, beam_given = cfg.decode.nbest, False, False
     for text in overrides:
         section, key, _ = parse_override(text)
         if section != "decode" and f"{section}.{key}" != "model.max_positions":
@@ -103,6 +113,7 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
                 "the other keys are fixed by its weights"
             )
         nbest_given = nbest_given or f"{section}.{key}" == "decode.nbest"
+        beam_given = beam_given or f"{section}.{key}" == "decode.beam_size"
         changed = apply_override(cfg, text)
         if changed.model.max_positions != cfg.model.max_positions and cfg.model.positions == "learned":
             raise ConfigError(
@@ -110,6 +121,8 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
                 f"model.max_positions stays {cfg.model.max_positions}"
             )
         cfg = changed
+    if not beam_given and cfg.decode.sampling != "none":
+        cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, beam_size=1))
     if not nbest_given:
         cfg = dataclasses.replace(
             cfg, decode=dataclasses.replace(cfg.decode, nbest=min(stored_nbest, cfg.decode.beam_size))

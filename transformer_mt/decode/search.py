@@ -50,6 +50,17 @@ The search, per sentence, with beam size k (all sentences of a batch at once):
    and the search state. The active sentences behind the first n' (n' of
    them remain) fill the places of the done ones, so that only those move.
 
+``prefixes`` (``tmt translate --prefix-file``) force the first tokens of
+each sentence's output: while a hypothesis is inside its sentence's prefix,
+its step keeps only the prefix token, at the model's own log-probability, so
+the forced tokens count in the score (fairseq's ``--prefix-size`` does the
+same) and every hypothesis of the sentence starts with the prefix. At the
+first step one candidate is finite, so the sentence has one live hypothesis
+(the other beams are empty, -inf) until the prefix is consumed; EOS is
+impossible before then, so no hypothesis finishes inside the prefix, and
+the stopping bound of rule 4 holds as it is (forced log-probabilities are
+<= 0 too). A prefix must fit within the maximum length (the caller checks).
+
 ``no_repeat_ngram`` = n > 0 (``decode.no_repeat_ngram``, a deviation, off in
 the paper configs; fairseq's ``--no-repeat-ngram-size``) forbids a
 hypothesis to repeat any n-gram of its own tokens: a token that would
@@ -126,6 +137,51 @@ def max_output_lengths(
     return max_len.clamp(min=1)
 
 
+@dataclass(frozen=True)
+class Prefixes:
+    """Target tokens forced at the start of each sentence's output: ``tokens`` (B, P) right-padded with PAD,
+    ``lengths`` (B,), 0 for a sentence without a prefix."""
+
+    tokens: Tensor
+    lengths: Tensor
+
+    @classmethod
+    def of(cls, prefixes: Sequence[Sequence[int]] | None, device: torch.device) -> Prefixes | None:
+        """The prefixes of a batch (token ids, no BOS or EOS), or None when no sentence has one."""
+        if prefixes is None or not any(prefixes):
+            return None
+        tokens = torch.full((len(prefixes), max(map(len, prefixes))), PAD, dtype=torch.long)
+        for row, ids in enumerate(prefixes):
+            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return cls(tokens.to(device), torch.tensor([len(ids) for ids in prefixes], device=device))
+
+    def forced(self, sentence: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
+        """(rows, tokens): the rows, of sentences ``sentence`` (R,), whose prefix has a token at ``step``, and it."""
+        if step >= self.tokens.shape[1]:
+            return None
+        rows = (self.lengths.index_select(0, sentence) > step).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return None
+        return rows, self.tokens[sentence.index_select(0, rows), step]
+
+
+def restrict(
+    lprobs: Tensor, generated: Tensor, no_repeat_ngram: int, prefixes: Prefixes | None, sentence: Tensor, step: int
+) -> Tensor:
+    """``lprobs`` (R, V), in place, with a step's hard rules: repeated n-grams banned (`block_repeated_ngrams`),
+    then each row inside its prefix (of sentence ``sentence`` (R,)) left with only its prefix token, at the
+    model's log-probability (read before the n-gram ban: a prefix is kept even where it repeats itself)."""
+    forced = None if prefixes is None else prefixes.forced(sentence, step)
+    kept = None if forced is None else lprobs[forced[0], forced[1]]  # a copy
+    if no_repeat_ngram > 0:
+        lprobs = block_repeated_ngrams(lprobs, generated, no_repeat_ngram)
+    if forced is not None and kept is not None:
+        rows, tokens = forced
+        lprobs.index_fill_(0, rows, NEG_INF)
+        lprobs[rows, tokens] = kept
+    return lprobs
+
+
 @dataclass
 class _Beams:
     """The live part of the search: n active sentences x w beams, row r = sentence r // w, beam r % w.
@@ -181,13 +237,16 @@ def beam_search(
     use_cache: bool = True,
     no_repeat_ngram: int = 0,
     stopping: Literal["exact", "k_finished"] = "exact",
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
 
     Returns, for each of the B sentences in input order, its ``nbest`` best
     hypotheses (fewer only if fewer exist), best first. ``use_cache=False``
     re-decodes the whole prefix every step (slow; for testing the cache).
-    See the module docstring for the exact search and stopping rules.
+    ``prefixes``: per sentence, target ids its output must start with ([]:
+    none), each no longer than its maximum length. See the module docstring
+    for the exact search and stopping rules.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -196,12 +255,14 @@ def beam_search(
     k = beam_size
     beams = _start(model, src, max_output_lengths(src, max_len_a, max_len_b, max_positions), use_cache)
     finished = _Finished(k, [[] for _ in range(src.shape[0])])
+    forced = Prefixes.of(prefixes, src.device)
     step = 0
     while beams.sent.numel() > 0:
         lprobs = _next_log_probs(model, beams, use_cache)  # (n*w, V), w beams per sentence
-        if no_repeat_ngram > 0:
-            lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
-        lprobs = _force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
+        if no_repeat_ngram > 0 or forced is not None:
+            sentence = beams.sent.repeat_interleave(beams.width)
+            lprobs = restrict(lprobs, beams.tokens[:, 1:], no_repeat_ngram, forced, sentence, step)
+        lprobs = force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
         cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
@@ -236,6 +297,11 @@ def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
         logits = model.decode(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]  # (n*k, V)
     else:
         logits = model.decode(beams.tokens, beams.enc)[:, -1]  # (n*k, V)
+    return step_log_probs(logits)
+
+
+def step_log_probs(logits: Tensor) -> Tensor:
+    """Log-probabilities (R, V) of a step's ``logits`` (R, V), PAD and BOS excluded (-inf): what a search ranks."""
     lprobs = logits.float()  # the step's own logits: overwritten in place, no fresh (n*k, V) buffer per step
     torch.log_softmax(lprobs, dim=-1, out=lprobs)
     lprobs[:, PAD] = NEG_INF
@@ -262,7 +328,7 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
     return lprobs.scatter_reduce_(1, grams[:, :, -1], ban, reduce="amin")
 
 
-def _force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
+def force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
     """``lprobs`` (R, V), in place: rows at their maximum length (at_max (R,) bool) may only end, every token
     but EOS gets -inf. Only those rows are written (no (R, V) copies at the steps where some row ends)."""
     rows = at_max.nonzero().squeeze(1)
@@ -389,7 +455,7 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
 
     After the first step, widen each sentence from its one hypothesis to k beams.
     """
-    keep = _kept_sentences(done)  # (n',) positions of the sentences still active
+    keep = kept_sentences(done)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
     w = beams.width
     rows = (keep[:, None] * w + live_beam.index_select(0, keep)).view(-1)  # (n'*k,) parent row of each new row
@@ -409,7 +475,7 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
     )
 
 
-def _kept_sentences(done: Tensor) -> Tensor:
+def kept_sentences(done: Tensor) -> Tensor:
     """(n',) the sentences not ``done`` (n,), in the order that moves the fewest of them.
 
     Each sentence among the first n' stays where it is; the active sentences

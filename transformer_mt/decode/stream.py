@@ -1,7 +1,7 @@
 """Interactive translation: lines translated and printed as they arrive, for a terminal or a program on a pipe.
 
-`tmt translate` reads a file or a pipe whole and batches its lines by
-length, the fastest way through a test set; but a person typing at a
+`tmt translate` reads a file or a pipe in large windows (10,000 lines)
+and batches each by length, the fastest way through a test set; but a person typing at a
 terminal, or a program that writes a line to tmt's stdin and waits for its
 translation before writing the next, would then wait for an end of input
 that never comes. Here the input is read N lines at a time (``--buffer-lines
@@ -12,19 +12,19 @@ line in, in order, empty lines included (K lines with ``--nbest K``).
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from transformer_mt.decode.translate import (
+    EmptyCount,
     TranslateError,
     Translator,
-    count_empty,
     empty_warning,
-    format_nbest,
     input_lines,
     load_translator,
+    translated_windows,
+    windows,
     write_stdout,
 )
 
@@ -32,11 +32,11 @@ from transformer_mt.decode.translate import (
 def stream_lines(
     buffer_lines: int | None, input: str | Path | None, output: str | Path | None, stdin_is_terminal: bool
 ) -> int | None:
-    """How many lines to translate at a time as they arrive, or None to read the input whole (`translate_file`).
+    """How many lines to translate at a time as they arrive, or None to read the input in windows (`translate_file`).
 
     ``--buffer-lines N`` asks for N; a person typing at a terminal (stdin,
-    no ``--output``) gets one line at a time. Files and pipes are read whole
-    and batched by length, the fastest. ``--output`` is written whole or not
+    no ``--output``) gets one line at a time. Files and pipes are read in
+    windows and batched by length, the fastest. ``--output`` is written whole or not
     at all, so it cannot grow line by line: it refuses ``--buffer-lines``.
     """
     if buffer_lines is not None:
@@ -51,24 +51,27 @@ def stream_lines(
     return 1 if input is None and output is None and stdin_is_terminal else None
 
 
-def translate_stream(translator: Translator, input: str | Path | None, buffer_lines: int) -> int:
+def translate_stream(
+    translator: Translator, input: str | Path | None, buffer_lines: int, prefix_file: str | Path | None = None
+) -> int:
     """Translate ``input`` (stdin when None) ``buffer_lines`` lines at a time as they are read; returns the lines.
 
     Each group's translations go to stdout, flushed, before the next group
     is read; ``--nbest`` rows are numbered from the input's first line. The
     warning about empty translations comes once, at the end of the input.
+    ``prefix_file``: one target prefix per input line, read beside it.
     """
     translator.show_progress = False
-    k = translator.cfg.decode.nbest
-    done = given = empty = 0
-    lines = input_lines(input)
-    while group := list(itertools.islice(lines, buffer_lines)):  # islice stops at N: it never waits for line N + 1
-        results = translator.translate_lines_nbest(group, nbest=k, start=done)
-        best = [hyps[0].text for hyps in results]
-        write_stdout(best if k == 1 else format_nbest(results, start=done))
-        group_given, group_empty = count_empty(group, best)
-        given, empty, done = given + group_given, empty + group_empty, done + len(group)
-    warning = empty_warning(given, empty)
+    counts = EmptyCount()
+    names = ("<stdin>" if input is None else str(input), str(prefix_file))
+    prefix_lines = None if prefix_file is None else input_lines(prefix_file)
+    # windows stops at N lines (islice): it never waits for line N + 1
+    chunks = windows(input_lines(input), prefix_lines, buffer_lines, names)
+    done = 0
+    for lines, out in translated_windows(translator, chunks, counts, names[1]):
+        write_stdout(out)
+        done += lines
+    warning = empty_warning(counts.given, counts.empty)
     if warning:
         print(warning, file=sys.stderr)
     return done
@@ -77,7 +80,8 @@ def translate_stream(translator: Translator, input: str | Path | None, buffer_li
 def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
     ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
+    prefix_file: str | Path | None = None,
 ) -> int:  # fmt: skip
     """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`."""
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    return translate_stream(translator, input, buffer_lines)
+    return translate_stream(translator, input, buffer_lines, prefix_file)

@@ -12,15 +12,17 @@ Several checkpoints are either averaged into one model (`read_average`, the
 paper's way with the last checkpoints of a run) or decoded together as an
 `transformer_mt.decode.ensemble.Ensemble`. Input from a terminal, or with
 ``--buffer-lines N``, is translated N lines at a time as it arrives
-(`transformer_mt.decode.stream`); a file or a pipe is read whole and batched
-by length.
+(`transformer_mt.decode.stream`); a file or a pipe is read in windows of
+``--window-lines`` lines, each batched by length (`translate_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +31,15 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config, config_from_dict, parse_sampling
 from transformer_mt.data.batching import batches_by_tokens
-from transformer_mt.data.bpe import EOS, load_bpe
+from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
+from transformer_mt.decode.align import alignments
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
-from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
+from transformer_mt.decode.sampling import sample_search
+from transformer_mt.decode.search import Hypothesis, beam_search, max_output_lengths, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.malloc import release_free_memory
@@ -48,15 +52,22 @@ class TranslateError(UserError):
 
 @dataclass(frozen=True)
 class Translation:
-    """One hypothesis: detokenized ``text``, normalized ``score`` and raw ``log_prob`` (natural log, EOS included)."""
+    """One hypothesis: detokenized ``text``, normalized ``score`` and raw ``log_prob`` (natural log, EOS included);
+    ``alignment``: its word alignment line with ``decode.alignment`` (`transformer_mt.decode.align`), else None."""
 
     text: str
     score: float
     log_prob: float
+    alignment: str | None = None
+
+    def line(self) -> str:
+        """The text, and its alignment after a tab when there is one: what an output line shows."""
+        return self.text if self.alignment is None else f"{self.text}\t{self.alignment}"
 
 
-BatchSearch = Callable[[list[list[int]], int], list[list[Hypothesis]]]
-"""The n-best hypotheses (token ids without EOS, best first) of each source of a batch (ids ending in EOS)."""
+BatchSearch = Callable[[list[list[int]], int, list[list[int]] | None], list[list[Hypothesis]]]
+"""The n-best hypotheses (token ids without EOS, best first) of each source of a batch (ids ending in EOS), each
+starting with its prefix (target ids; None: no prefixes)."""
 
 
 class Translator:
@@ -81,6 +92,7 @@ class Translator:
         self.cfg = cfg
         self.device = torch.device(device)
         self.show_progress = True
+        self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
@@ -95,11 +107,14 @@ class Translator:
             other.engine_search.cfg = other.cfg
         return other
 
-    def search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each source (ids ending in EOS): tmt's beam search, or the engine's."""
+    def search(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids ending in EOS), each starting with its ``prefixes``
+        entry (target ids, [] for none): tmt's beam search, or the engine's."""
         if self.engine_search is None:
-            return self._beam_search(sources, nbest)
-        return self.engine_search(sources, nbest)
+            return self._beam_search(sources, nbest, prefixes)
+        return self.engine_search(sources, nbest, prefixes)
 
     @classmethod
     def from_checkpoints(
@@ -159,29 +174,52 @@ class Translator:
         return [hyps[0].text for hyps in self.translate_lines_nbest(lines, nbest=1)]
 
     def translate_lines_nbest(
-        self, lines: Sequence[str], nbest: int | None = None, start: int = 0
+        self,
+        lines: Sequence[str],
+        nbest: int | None = None,
+        start: int = 0,
+        prefixes: Sequence[str] | None = None,
+        prefix_origin: str = "prefix",
     ) -> list[list[Translation]]:
         """The ``nbest`` (default: decode.nbest) best translations of every line, best first.
 
-        An empty line gets ``nbest`` empty translations with score 0.
-        ``start``: the 0-based input line number of ``lines[0]``, for warnings.
+        An empty line gets ``nbest`` empty translations with score 0 (with a
+        prefix: the prefix alone). ``start``: the 0-based input line number of
+        ``lines[0]``, for warnings and errors. ``prefixes``: one target text per
+        line ("" for none) that its translations start with (`encode_prefix`);
+        ``prefix_origin`` names them in errors (the --prefix-file).
         """
         nbest = self.cfg.decode.nbest if nbest is None else nbest
-        if not 1 <= nbest <= self.cfg.decode.beam_size:
+        if nbest < 1 or (nbest > self.cfg.decode.beam_size and self.cfg.decode.sampling == "none"):
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise TranslateError(f"{prefix_origin}: {len(prefixes)} prefixes for {len(lines)} lines; give one per line")
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
-        results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        forced = [
+            self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
+        ] if prefixes is not None else None  # fmt: skip
+        empty_alignment = None if self.cfg.decode.alignment == "none" else ""
+        results: list[list[Translation]] = [
+            [] if x else [Translation(self.bpe.decode(forced[i]) if forced else "", 0.0, 0.0, empty_alignment)] * nbest
+            for i, x in enumerate(ids)
+        ]
         todo = [i for i, x in enumerate(ids) if x]
-        with tqdm(
-            total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
-        ) as bar:
+        with self._progress(len(lines)) as bar:
             bar.update(len(lines) - len(todo))
             for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
-                for i, hyps in zip(batch, self._translate_batch([ids[i] for i in batch], nbest), strict=True):
+                batch_prefixes = None if forced is None else [forced[i] for i in batch]
+                found = self._translate_batch([ids[i] for i in batch], nbest, batch_prefixes)
+                for i, hyps in zip(batch, found, strict=True):
                     results[i] = hyps
                 bar.update(len(batch))
                 release_free_memory()  # what the batch freed goes back to the system: memory stays at one batch's
         return results
+
+    def _progress(self, total: int) -> contextlib.AbstractContextManager[tqdm]:
+        """The caller's bar (``progress``), or a bar of this call's ``total`` lines (shown with ``show_progress``)."""
+        if self.progress is not None:
+            return contextlib.nullcontext(self.progress)
+        return tqdm(total=total, unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress)
 
     def encode(self, index: int, line: str) -> list[int]:
         """Normalized, BPE-encoded source ids plus EOS ([] for an empty line), truncated to the model's positions."""
@@ -199,20 +237,83 @@ class Translator:
             ids = ids[:limit]
         return ids + [EOS]
 
-    def _translate_batch(self, sources: list[list[int]], nbest: int) -> list[list[Translation]]:
+    def encode_prefix(self, index: int, text: str, source: list[int], origin: str = "prefix") -> list[int]:
+        """The target ids that line ``index`` (0-based) must start with: ``text`` normalized and BPE-encoded
+        as the training targets were; [] for an empty one. A character the vocabulary lacks (it would be
+        forced as <unk>) or a prefix longer than the line's maximum output length (of a non-empty ``source``)
+        is a TranslateError."""
+        normal = normalize(text)
+        if not normal:
+            return []
+        ids = self.bpe.encode(normal, out_type=int)
+        if UNK in ids:
+            pieces = self.bpe.encode(normal, out_type=str)
+            unknown = "".join(p for p, i in zip(pieces, ids, strict=True) if i == UNK).replace("\u2581", " ").strip()
+            raise TranslateError(
+                f"{origin}: line {index + 1}: {unknown!r} is not in the model's vocabulary, so the prefix cannot be "
+                "forced (it would be <unk>); write the prefix without those characters"
+            )
+        if not source:  # nothing to translate: the output is the prefix alone, at any length
+            return ids
+        d = self.cfg.decode
+        limit = int(max_output_lengths(pad_batch([source]), d.max_len_a, d.max_len_b, self.cfg.model.max_positions)[0])
+        if len(ids) > limit:
+            raise TranslateError(
+                f"{origin}: line {index + 1}: the prefix is {len(ids)} BPE tokens, more than the line's maximum output "
+                f"length of {limit} (decode.max_len_a x source tokens + decode.max_len_b); shorten the prefix or "
+                "raise the limit, e.g. --set decode.max_len_b=200"
+            )
+        return ids
+
+    def _translate_batch(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Translation]]:
+        found = self.search(sources, nbest, prefixes)
+        aligned = self._alignments(sources, found)
+        empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results = []
-        for hyps in self.search(sources, nbest):
-            found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
-            results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
+        for hyps, lines in zip(found, aligned, strict=True):
+            done = [
+                Translation(self.bpe.decode(h.tokens), h.score, h.log_prob, a) for h, a in zip(hyps, lines, strict=True)
+            ]
+            missing = Translation("", float("-inf"), float("-inf"), empty_alignment)
+            results.append(done + [missing] * (nbest - len(done)))
         return results
 
-    def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
-        """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings."""
+    def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
+        """Each hypothesis' alignment line (`transformer_mt.decode.align`), or None without ``decode.alignment``."""
         d = self.cfg.decode
+        if d.alignment == "none":
+            return [[None] * len(hyps) for hyps in found]
+        if not isinstance(self.model, Transformer):
+            raise TranslateError(
+                "--alignment reads the attention of one tmt model: use --engine pytorch with one checkpoint (or "
+                "several averaged, without --ensemble)"
+            )
+        pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
+        layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
+        flat = iter(alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment))
+        return [[next(flat) for _ in hyps] for hyps in found]
+
+    def _beam_search(
+        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings; with
+        ``decode.sampling``, ``nbest`` samples of each source (`sample_search`)."""
+        d = self.cfg.decode
+        sampling = parse_sampling(d.sampling)
+        if sampling is not None:
+            return sample_search(
+                self.model, pad_batch(sources).to(self.device), sources, sampling, temperature=d.sampling_temperature,
+                seed=d.seed, samples=nbest, len_penalty=d.len_penalty, len_penalty_form=d.len_penalty_form,
+                max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=self.cfg.model.max_positions,
+                no_repeat_ngram=d.no_repeat_ngram, prefixes=prefixes,
+            )  # fmt: skip
         return beam_search(
             self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
+            prefixes=prefixes,
         )  # fmt: skip
 
 
@@ -259,6 +360,38 @@ def input_lines(input: str | Path | None) -> Iterator[str]:
         yield line
 
 
+Window = tuple[list[str], list[str] | None]
+"""Input lines, and the prefix of each (None without --prefix-file)."""
+
+
+def windows(
+    lines: Iterator[str], prefixes: Iterator[str] | None, size: int | None, names: tuple[str, str] = ("", "")
+) -> Iterator[Window]:
+    """``lines`` ``size`` at a time (all at once for None), each with as many ``prefixes`` read beside them.
+
+    Neither is read past the window: a line is asked for only when the
+    window before it is done. When one runs out before the other, a
+    TranslateError gives both line counts (``names``: the input's and the
+    prefix file's), counting the rest of the longer one.
+    """
+    done = 0
+    while group := list(itertools.islice(lines, size)):
+        paired = None if prefixes is None else list(itertools.islice(prefixes, len(group)))
+        if paired is not None and len(paired) < len(group):
+            raise _count_mismatch(names, done + len(group) + sum(1 for _ in lines), done + len(paired))
+        yield group, paired
+        done += len(group)
+    if prefixes is not None and next(prefixes, None) is not None:
+        raise _count_mismatch(names, done, done + 1 + sum(1 for _ in prefixes))
+
+
+def _count_mismatch(names: tuple[str, str], lines: int, prefixes: int) -> TranslateError:
+    return TranslateError(
+        f"--prefix-file {names[1]}: {prefixes} lines, but the input {names[0]} has {lines}; give one prefix per input "
+        "line (an empty line for none)"
+    )
+
+
 def read_input_lines(input: str | Path | None) -> list[str]:
     """Every line of ``input`` (stdin when None), read to the end: see `input_lines`."""
     return list(input_lines(input))
@@ -298,8 +431,9 @@ def empty_warning(given: int, empty: int) -> str | None:
 
 
 def format_nbest(results: Sequence[Sequence[Translation]], start: int = 0) -> list[str]:
-    """``index<TAB>score<TAB>text`` lines: 0-based input line index (the first is ``start``), normalized score."""
-    return [f"{start + i}\t{t.score:.4f}\t{t.text}" for i, hyps in enumerate(results) for t in hyps]
+    """``index<TAB>score<TAB>text`` lines: 0-based input line index (the first is ``start``), normalized score;
+    ``<TAB>alignment`` after the text with ``decode.alignment``."""
+    return [f"{start + i}\t{t.score:.4f}\t{t.line()}" for i, hyps in enumerate(results) for t in hyps]
 
 
 ENGINES = ("pytorch", "ctranslate2")
@@ -343,6 +477,61 @@ def write_stdout(lines: Sequence[str]) -> None:
         sys.stdout.flush()
 
 
+WINDOW_LINES = 10_000  # lines read, translated and written at a time by translate_file (benchmarks/README.md)
+
+
+@dataclass
+class EmptyCount:
+    """Non-empty source lines and those of them translated to nothing, summed over windows (`empty_warning`)."""
+
+    given: int = 0
+    empty: int = 0
+
+    def add(self, sources: Sequence[str], outputs: Sequence[str]) -> None:
+        given, empty = count_empty(sources, outputs)
+        self.given, self.empty = self.given + given, self.empty + empty
+
+
+def translated_windows(
+    translator: Translator, chunks: Iterable[Window], counts: EmptyCount, prefix_origin: str = "prefix"
+) -> Iterator[tuple[int, list[str]]]:
+    """Per window of input lines (and prefixes), in order: its line count and its output lines, the best
+    translations or ``--nbest`` rows numbered from the input's first line. ``counts`` sums the empty ones."""
+    k = translator.cfg.decode.nbest
+    done = 0
+    for group, prefixes in chunks:
+        results = translator.translate_lines_nbest(
+            group, nbest=k, start=done, prefixes=prefixes, prefix_origin=prefix_origin
+        )
+        best = [hyps[0].text for hyps in results]
+        counts.add(group, best)
+        yield len(group), [hyps[0].line() for hyps in results] if k == 1 else format_nbest(results, start=done)
+        done += len(group)
+        del results, best  # the next window is read and translated without this one's results held
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a regular file as `input_lines` splits it (at b"\n"; a last line may lack it), bytes unread."""
+    lines, last = 0, b"\n"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def check_line_counts(input: str | Path | None, prefix_file: str | Path) -> None:
+    """Refuse a --prefix-file of another line count than the input before anything is translated, when both
+    are regular files (a pipe is counted as it is read, by `windows`)."""
+    if input is None or not Path(input).is_file() or not Path(prefix_file).is_file():
+        return
+    try:
+        given, prefixes = count_lines(Path(input)), count_lines(Path(prefix_file))
+    except OSError:
+        return  # reading reports it, naming the file
+    if given != prefixes:
+        raise _count_mismatch((str(input), str(prefix_file)), given, prefixes)
+
+
 def translate_file(
     checkpoints: Sequence[str | Path],
     input: str | Path | None = None,
@@ -351,22 +540,49 @@ def translate_file(
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
     ensemble: bool = False,
+    prefix_file: str | Path | None = None,
+    window_lines: int = WINDOW_LINES,
 ) -> None:
-    """Translate ``input`` (stdin when None) to ``output`` (stdout when None), read whole and batched by length.
+    """Translate ``input`` (stdin when None) to ``output`` (stdout when None), ``window_lines`` lines at a time.
 
-    The input is read before the model loads, so bad input fails fast. See
-    `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
+    Each window is read, batched by length, translated and written before
+    the next is read, so memory holds one window whatever the input's
+    length, and stdout shows the first translations before the input ends.
+    The output equals a whole-file run's for any window (a line's
+    translation does not depend on its batch). The first window is read
+    before the model loads, so bad input at the start fails fast; ``output``
+    is written to a temporary file renamed at the end (`atomic_write_lines`),
+    so a failure later leaves no file that looks complete. ``prefix_file``:
+    one target prefix per input line, read beside it. See `tmt translate
+    --help`; `transformer_mt.decode.stream` translates as lines arrive.
     """
-    lines = read_input_lines(input)
+    if window_lines < 1:
+        raise TranslateError(f"--window-lines must be at least 1, got {window_lines}")
+    names = ("<stdin>" if input is None else str(input), str(prefix_file))
+    if prefix_file is not None:
+        check_line_counts(input, prefix_file)
+    prefix_lines = None if prefix_file is None else input_lines(prefix_file)
+    chunks = windows(input_lines(input), prefix_lines, window_lines, names)
+    first = next(chunks, None)  # read before the model loads
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    k = translator.cfg.decode.nbest
-    results = translator.translate_lines_nbest(lines, nbest=k)
-    best = [hyps[0].text for hyps in results]
-    out_lines = best if k == 1 else format_nbest(results)
-    _, warning = empty_outputs(lines, best)
+    counts = EmptyCount()
+    # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
+    # found before any translation is the only line printed
+    with tqdm(unit="sent", desc="translate", file=sys.stderr, disable=not translator.show_progress, delay=0.5) as bar:
+        translator.progress = bar
+        outputs = translated_windows(translator, itertools.chain([first] if first else [], chunks), counts, names[1])
+
+        def lines() -> Iterator[str]:
+            for _, out in outputs:
+                yield from out
+                del out  # written: not held while the next window is translated
+
+        if output is None:
+            for _, out in outputs:
+                write_stdout(out)
+                del out
+        else:
+            atomic_write_lines(output, lines())
+    warning = empty_warning(counts.given, counts.empty)
     if warning:
         print(warning, file=sys.stderr)
-    if output is None:
-        write_stdout(out_lines)
-    else:
-        atomic_write_lines(output, out_lines)

@@ -107,7 +107,7 @@ def _keep_rows(buffer: Tensor, rows: Tensor, moved: Tensor, length: int | None =
     When the rows are fewer than the buffer's, in place: the ``moved`` rows
     (`_moved_rows`) are read first, then written to their new places, and the
     result is a view of the buffer's first rows. Beam search keeps most
-    sentences where they are (`search._kept_sentences`), so dropping f
+    sentences where they are (`search.kept_sentences`), so dropping f
     sentences copies f rows, not the whole cache. More rows than the buffer
     has (repeated sentences) take a new buffer of the same capacity.
     """

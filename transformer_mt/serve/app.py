@@ -91,7 +91,9 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: 
         return await answer(lambda raw: parse_v1(raw, cfg, limits), request, v1)
 
     async def v1(parsed: Any) -> dict[str, Any]:
-        batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
+        translator = batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
+        for i, (source, prefix) in enumerate(zip(parsed.job.lines, parsed.job.prefixes or [], strict=False)):
+            translator.encode_prefix(i, prefix, translator.encode(i, source), origin="prefixes")  # its errors too
         return v1_response(await submit(parsed.job))
 
     async def answer(parse: Any, request: Request, respond: Any) -> Response:

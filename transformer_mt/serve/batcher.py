@@ -11,7 +11,8 @@ whatever else shared the batch: with tmt's fp32 search a line's translation
 does not depend on its batch, so it equals `tmt translate`'s.
 
 Requests with other decoding settings (a ``beam`` or ``len_penalty`` of
-their own) are translated in a group of their own within the same round.
+their own) are translated in a group of their own within the same round;
+forced prefixes travel with their lines (a line without one: "").
 Model work never runs on the event loop, and the worker survives any error:
 the failed group's futures get the exception, the others their results.
 """
@@ -158,8 +159,12 @@ class Batcher:
                 groups.setdefault((pending.job.overrides, pending.job.nbest), []).append(pending)
         for (overrides, nbest), group in groups.items():
             lines = [line for pending in group for line in pending.job.lines]
+            prefixes = [p for pending in group for p in pending.job.prefixes or [""] * len(pending.job.lines)]
             try:
-                results = self.translator.with_decode(overrides).translate_lines_nbest(lines, nbest=nbest)
+                translator = self.translator.with_decode(overrides)
+                results = translator.translate_lines_nbest(
+                    lines, nbest=nbest, prefixes=prefixes if any(prefixes) else None
+                )
             except BaseException as err:  # the worker must outlive any request: its futures carry the error
                 self.stats.errors += 1
                 for pending in group:

@@ -7,8 +7,10 @@ Two request shapes share one worker:
   LibreTranslate's clients work unchanged. A string with several lines is
   translated line by line and joined again with '\\n', as a document.
 - ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
-  optional ``beam``, ``nbest``, ``len_penalty``), answered with each line's
-  translation, score and n-best list.
+  optional ``beam``, ``nbest``, ``len_penalty``, for sampling ``sample``,
+  ``temperature``, ``seed``, and ``prefixes``, one forced target prefix per
+  source), answered with each line's translation, score and n-best list
+  (``nbest`` samples with ``sample``).
 
 Every refusal is a `RequestError`: an HTTP status, a message a client can act
 on and the request field it is about (``None`` for the body as a whole).
@@ -21,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from transformer_mt.config import Config
+from transformer_mt.config import SEED_MAX, Config
 from transformer_mt.decode.translate import Translation
 
 LANGUAGE_NAMES = {
@@ -63,6 +65,7 @@ class Job:
     lines: list[str]
     nbest: int = 1
     overrides: tuple[str, ...] = ()
+    prefixes: list[str] | None = None  # per line, the target text its translations start with ("" for none)
 
 
 @dataclass(frozen=True)
@@ -179,20 +182,49 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
                 400, f"sources[{i}] holds a line break; send each line as its own source", f"sources[{i}]"
             )
     check_size(sources, limits, "sources")
-    unknown = sorted(set(raw) - {"sources", "beam", "nbest", "len_penalty"})
+    unknown = sorted(set(raw) - set(V1_FIELDS))
     if unknown:
-        raise RequestError(400, f"unknown field {unknown[0]!r}; known: sources, beam, nbest, len_penalty", unknown[0])
-    beam = _whole(raw, "beam", cfg.decode.beam_size, 1, limits.max_beam)
-    nbest = _whole(raw, "nbest", 1, 1, beam)
+        raise RequestError(400, f"unknown field {unknown[0]!r}; known: {', '.join(V1_FIELDS)}", unknown[0])
+    sample = raw.get("sample")
+    if sample is not None and not isinstance(sample, str):
+        raise RequestError(
+            400, f'\'sample\' must be a string such as "topk:10" or "topp:0.9", got {sample!r}', "sample"
+        )
+    beam = _whole(raw, "beam", 1 if sample else cfg.decode.beam_size, 1, limits.max_beam)
+    nbest = _whole(raw, "nbest", 1, 1, limits.max_beam if sample else beam)  # K samples need no beam
     overrides = [f"decode.beam_size={beam}"] if beam != cfg.decode.beam_size else []
-    len_penalty = raw.get("len_penalty")
-    if len_penalty is not None:
-        if isinstance(len_penalty, bool) or not isinstance(len_penalty, int | float) or not math.isfinite(len_penalty):
-            raise RequestError(
-                400, f"'len_penalty' must be a number (the paper: 0.6), got {len_penalty!r}", "len_penalty"
-            )
-        overrides.append(f"decode.len_penalty={float(len_penalty)!r}")
-    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides)))
+    for key, setting in (("len_penalty", "len_penalty"), ("temperature", "sampling_temperature")):
+        value = raw.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise RequestError(400, f"'{key}' must be a number, got {value!r}", key)
+            overrides.append(f"decode.{setting}={float(value)!r}")
+    if sample is not None:
+        overrides.append(f"decode.sampling={sample}")
+    if "seed" in raw:
+        overrides.append(f"decode.seed={_whole(raw, 'seed', 0, 0, SEED_MAX)}")
+    prefixes = _prefixes(raw, len(sources))
+    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes))
+
+
+V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes")
+
+
+def _prefixes(raw: dict[str, Any], lines: int) -> list[str] | None:
+    """``prefixes``: one string per source, a single line each ("" for none), or absent."""
+    prefixes = raw.get("prefixes")
+    if prefixes is None:
+        return None
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        raise RequestError(400, "'prefixes' must be a list of strings, one per source (\"\" for none)", "prefixes")
+    if len(prefixes) != lines:
+        raise RequestError(
+            400, f"'prefixes' has {len(prefixes)} entries for {lines} sources; give one per source", "prefixes"
+        )
+    for i, prefix in enumerate(prefixes):
+        if "\n" in prefix or "\r" in prefix:
+            raise RequestError(400, f"prefixes[{i}] holds a line break; a prefix is one line", f"prefixes[{i}]")
+    return list(prefixes)
 
 
 def _whole(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
