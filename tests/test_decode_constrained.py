@@ -7,12 +7,16 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from click.testing import Result
 from test_decode_search import B_, A, FakeModel, Table, fake_src, hand_table, hyp_tuples, never_ending, random_table
+from typer.testing import CliRunner
 
-from transformer_mt.config import ModelConfig
+from transformer_mt.cli import app
+from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import EOS, PAD
 from transformer_mt.decode.constrained import (
     ConstraintError,
@@ -251,3 +255,98 @@ def test_split_constraints() -> None:
         split_constraints("A dog.\t", 0)
     with pytest.raises(ConstraintError, match=r"line 5: constraints but no source text"):
         split_constraints(" \tHund", 4)
+
+
+# --- tmt translate --constraints -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_lines(prepared_toy: Config) -> tuple[list[str], list[str]]:
+    """Sources and references of the toy test set: the references supply phrases the toy vocabulary holds."""
+    test = Path(prepared_toy.data.test)
+    src = test.with_name(test.name + ".en").read_text(encoding="utf-8").splitlines()
+    ref = test.with_name(test.name + ".de").read_text(encoding="utf-8").splitlines()
+    return src[:6], ref[:6]
+
+
+def translate_cli(*args: str, stdin: str | None = None) -> Result:
+    return CliRunner().invoke(app, ["translate", *args], input=stdin)
+
+
+def test_cli_every_translation_holds_its_phrases(toy_ckpt: Path, toy_lines, tmp_path: Path) -> None:
+    """Lines with phrases hold them (one, two, or a two-word phrase); lines without are translated as without
+    --constraints; an empty line stays empty."""
+    sources, refs = toy_lines
+    words = [ref.split() for ref in refs]
+    phrases = [[words[0][1]], [], [words[2][0], words[2][-2]], [" ".join(words[3][1:3])], [], [words[5][2]]]
+    lines = ["\t".join([src, *p]) for src, p in zip(sources, phrases, strict=True)]
+    lines[4] = ""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    result = translate_cli("-c", str(toy_ckpt), "-i", str(src), "-o", str(out), "--constraints")
+    assert result.exit_code == 0, result.output
+    got = out.read_text(encoding="utf-8").splitlines()
+    assert len(got) == len(lines) and got[4] == ""
+    for text, p in zip(got, phrases, strict=True):
+        assert all(phrase in text for phrase in p), (text, p)
+    plain = translate_cli("-c", str(toy_ckpt), stdin=f"{sources[1]}\n\n")
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout.splitlines() == [got[1], ""]
+    unconstrained = translate_cli("-c", str(toy_ckpt), stdin="\n".join(sources) + "\n")
+    assert unconstrained.stdout.splitlines() != got  # the phrases changed some translations
+
+
+def test_cli_constraints_with_nbest_and_a_line_at_a_time(toy_ckpt: Path, toy_lines) -> None:
+    sources, refs = toy_lines
+    phrase = refs[0].split()[1]
+    stdin = f"{sources[0]}\t{phrase}\n{sources[1]}\n"
+    rows = translate_cli("-c", str(toy_ckpt), "--constraints", "--nbest", "2", "--beam", "3", stdin=stdin)
+    assert rows.exit_code == 0, rows.output
+    fields = [row.split("\t") for row in rows.stdout.splitlines()]
+    assert [f[0] for f in fields] == ["0", "0", "1", "1"]
+    assert phrase in fields[0][2] and phrase in fields[1][2]
+    streamed = translate_cli("-c", str(toy_ckpt), "--constraints", "--buffer-lines", "1", stdin=stdin)
+    whole = translate_cli("-c", str(toy_ckpt), "--constraints", stdin=stdin)
+    assert streamed.exit_code == 0 and whole.exit_code == 0, streamed.output + whole.output
+    assert streamed.stdout == whole.stdout and phrase in whole.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{src}\t{word}\t\t{word}", "line 2: constraint 2 is empty (two tabs in a row, or a tab at the end"),
+        ("{src}\t", "line 2: constraint 1 is empty"),
+        ("\t{word}", "line 2: constraints but no source text before the first tab; put the sentence to translate"),
+        (
+            "{src}\t{word} \u2603",
+            "line 2: constraint 1 ('{word} \u2603') holds characters the model's vocabulary lacks",
+        ),
+        ("{src}" + "\t{word}" * 40, "line 2: the constraints take"),
+    ],
+)
+def test_cli_bad_constraint_lines(toy_ckpt: Path, toy_lines, tmp_path: Path, line: str, message: str) -> None:
+    """One line on stderr naming the line and the fix, exit 2, no output file (nor a temporary one) left."""
+    sources, refs = toy_lines
+    word = refs[0].split()[1]
+    src = tmp_path / "in.txt"
+    src.write_text(f"{sources[0]}\n{line.format(src=sources[1], word=word)}\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    result = translate_cli("-c", str(toy_ckpt), "-i", str(src), "-o", str(out), "--constraints")
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert message.format(word=word) in " ".join(result.output.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_cli_constraints_need_tmts_own_search(tmp_path: Path) -> None:
+    result = translate_cli("--engine", "ctranslate2", "-c", str(tmp_path / "ct2"), "--constraints", stdin="a\tb\n")
+    assert result.exit_code == 2, result.output
+    assert "CTranslate2 has no lexical constraints" in " ".join(result.output.split())
+
+
+def test_cli_without_constraints_a_tab_is_part_of_the_source(toy_ckpt: Path, toy_lines) -> None:
+    sources, refs = toy_lines
+    result = translate_cli("-c", str(toy_ckpt), stdin=f"{sources[0]}\t\t\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == translate_cli("-c", str(toy_ckpt), stdin=f"{sources[0]}\n").stdout

@@ -33,6 +33,12 @@ from transformer_mt.config import Config, config_from_dict
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
+from transformer_mt.decode.constrained import (
+    check_lengths,
+    constrained_search,
+    encode_constraints,
+    split_constraints,
+)
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
@@ -44,6 +50,12 @@ from transformer_mt.model.transformer import Transformer
 
 class TranslateError(UserError):
     """Input or checkpoint problems a user can fix; the message names the file (and line) and the fix."""
+
+
+CONSTRAINTS_ENGINE = (
+    "--constraints needs tmt's own search (--engine pytorch): CTranslate2 has no lexical constraints; translate "
+    "with the checkpoint the export came from"
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,7 @@ class Translator:
         self.device = torch.device(device)
         self.show_progress = True
         self.engine_search = search  # None: tmt's own beam search over ``model``
+        self.constraints = False  # True: each line is source<TAB>phrase<TAB>... (`translate_constrained`)
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``--set decode.*``
@@ -169,6 +182,8 @@ class Translator:
         nbest = self.cfg.decode.nbest if nbest is None else nbest
         if not 1 <= nbest <= self.cfg.decode.beam_size:
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
+        if self.constraints:
+            return self.translate_constrained(lines, nbest, start)
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
         results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
         todo = [i for i, x in enumerate(ids) if x]
@@ -205,6 +220,60 @@ class Translator:
             found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
             results.append(found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found)))
         return results
+
+    def translate_constrained(self, lines: Sequence[str], nbest: int, start: int = 0) -> list[list[Translation]]:
+        """`translate_lines_nbest` of ``source<TAB>phrase<TAB>...`` lines: each translation holds every phrase.
+
+        The phrases are checked and encoded before anything is translated, so
+        a bad line fails at once (`ConstraintError`, naming the line). Lines
+        without phrases are searched by `beam_search` as without
+        ``--constraints``; the others by `constrained_search`, in batches of
+        their own.
+        """
+        if self.engine_search is not None:
+            raise TranslateError(CONSTRAINTS_ENGINE)
+        d = self.cfg.decode
+        split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
+        ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
+        phrases = [encode_constraints(self.bpe, texts, start + i) for i, (_, texts) in enumerate(split)]
+        for i, (x, p) in enumerate(zip(ids, phrases, strict=True)):
+            if p:
+                check_lengths(start + i, p, x, d.max_len_a, d.max_len_b, self.cfg.model.max_positions)
+        results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        groups = ([i for i, x in enumerate(ids) if x and not phrases[i]], [i for i, x in enumerate(ids) if phrases[i]])
+        with tqdm(
+            total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
+        ) as bar:
+            bar.update(len(lines) - len(groups[0]) - len(groups[1]))
+            for group, constrained in zip(groups, (False, True), strict=True):
+                for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
+                    sources = [ids[i] for i in batch]
+                    if constrained:
+                        found = self._constrained_search(sources, [phrases[i] for i in batch], nbest)
+                        texts = [self._texts(hyps, nbest) for hyps in found]
+                    else:
+                        texts = self._translate_batch(sources, nbest)
+                    for i, translations in zip(batch, texts, strict=True):
+                        results[i] = translations
+                    bar.update(len(batch))
+                    release_free_memory()
+        return results
+
+    def _texts(self, hyps: list[Hypothesis], nbest: int) -> list[Translation]:
+        """``nbest`` translations of the hypotheses of one line: empty ones with -inf after those found."""
+        found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
+        return found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found))
+
+    def _constrained_search(
+        self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int
+    ) -> list[list[Hypothesis]]:
+        """`constrained_search` over ``self.model`` with the decode section's settings."""
+        d = self.cfg.decode
+        return constrained_search(
+            self.model, pad_batch(sources).to(self.device), phrases, beam_size=d.beam_size, len_penalty=d.len_penalty,
+            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
+            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
+        )  # fmt: skip
 
     def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
         """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings."""
@@ -351,14 +420,19 @@ def translate_file(
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
     ensemble: bool = False,
+    constraints: bool = False,
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None), read whole and batched by length.
 
     The input is read before the model loads, so bad input fails fast. See
     `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive instead.
+    ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`).
     """
     lines = read_input_lines(input)
+    for i, line in enumerate(lines if constraints else []):
+        split_constraints(line, i)  # the line's format, before the model loads
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
+    translator.constraints = constraints
     k = translator.cfg.decode.nbest
     results = translator.translate_lines_nbest(lines, nbest=k)
     best = [hyps[0].text for hyps in results]
