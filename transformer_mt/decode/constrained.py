@@ -76,9 +76,9 @@ from transformer_mt.decode.search import (
     _next_log_probs,
     _sentences_done,
     _start,
-    _top_candidates,
     block_repeated_ngrams,
     max_output_lengths,
+    row_topk,
 )
 from transformer_mt.errors import UserError
 
@@ -263,12 +263,12 @@ def _restrict(
         lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
     row_max = beams.max_len.repeat_interleave(beams.width)
     needed = phrases.total - state.met_tokens(phrases)  # (n*w,) constraint tokens still to place, the partial's too
-    lprobs[needed > 0, EOS] = NEG_INF
+    lprobs[:, EOS].masked_fill_(needed > 0, NEG_INF)
     # places left after this step for the tokens still needed, if this token advances nothing: the partial
     # phrase is lost (+ prog), or, if the token begins a phrase, lost but for that token (+ prog - 1)
     spare = row_max - step - 1 - needed - state.prog
     must_advance = (spare < 0) & (needed > 0)
-    lprobs.masked_fill_(must_advance[:, None], NEG_INF)
+    lprobs.index_fill_(0, must_advance.nonzero().squeeze(1), NEG_INF)  # those rows only, not a pass over all
     allowed = torch.cat([nxt >= 0, (begins >= 0) & (spare >= -1)[:, None]], dim=1)
     # amax: a token listed twice (an advancing one that also begins a phrase) gets its value whatever the order
     lprobs.scatter_reduce_(1, index, before.masked_fill(~allowed, NEG_INF), reduce="amax")
@@ -293,15 +293,24 @@ def _candidates(scores: Tensor, lprobs: Tensor, nxt: Tensor, k: int) -> _Candida
     (c) each hypothesis extended by its best token; a (beam, token) pair that comes again gets -inf."""
     n, w = scores.shape
     c = nxt.shape[1]
-    top_scores, top_beam, top_token = _top_candidates(scores, lprobs, k)  # (a) (n, 2k)
+    # (a) as `_top_candidates` finds them, whose per-beam best tokens are (c)
+    m = min(2 * k, lprobs.shape[1])
+    row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*w, m)
+    top_scores, flat = (scores.view(-1, 1) + row_lprobs).view(n, w * m).topk(min(2 * k, w * m), dim=1)
+    top_beam, top_token = flat // m, row_tokens.view(n, w * m).gather(1, flat)
     adv = scores.view(-1, 1) + lprobs.gather(1, nxt.clamp(min=0))  # (b) (n*w, C)
     adv = adv.masked_fill(nxt < 0, NEG_INF).view(n, w * c)
     adv_beam = torch.arange(w, device=scores.device).repeat_interleave(c).expand(n, -1)
-    best_lp, best_token = lprobs.max(dim=1)  # (c) (n*w,)
     beam_ids = torch.arange(w, device=scores.device).expand(n, -1)
-    score = torch.cat([top_scores, adv, scores + best_lp.view(n, w)], dim=1)
-    beam = torch.cat([top_beam, adv_beam, beam_ids], dim=1)
-    token = torch.cat([top_token, nxt.clamp(min=0).view(n, w * c), best_token.view(n, w)], dim=1)
+    fill = max(k - top_scores.shape[1] - w * c - w, 0)  # -inf places: at least k candidates (a tiny vocabulary)
+    score = torch.cat(
+        [top_scores, adv, scores + row_lprobs[:, 0].view(n, w), scores.new_full((n, fill), NEG_INF)], dim=1
+    )
+    beam = torch.cat([top_beam, adv_beam, beam_ids, beam_ids.new_zeros((n, fill))], dim=1)
+    token = torch.cat(
+        [top_token, nxt.clamp(min=0).view(n, w * c), row_tokens[:, 0].view(n, w), top_token.new_zeros((n, fill))],
+        dim=1,
+    )
     return _Candidates(_drop_repeats(score, beam * lprobs.shape[1] + token), beam, token)
 
 
