@@ -134,7 +134,10 @@ def report(
     as_tokens = 0  # lines whose output, encoded again, holds all its phrases as the search counts them
     for out, ps in zip(constrained, wanted, strict=True):
         ids = translator.bpe.encode(normalize(out), out_type=int)
-        as_tokens += contains_constraints(ids, [translator.bpe.encode(normalize(p), out_type=int) for p in ps])
+        if contains_constraints(ids, [translator.bpe.encode(normalize(p), out_type=int) for p in ps]):
+            as_tokens += 1
+        else:
+            print(f"  encoded again, {out!r} does not hold {ps} as tokens: {translator.bpe.encode(out, out_type=str)}")
     in_plain = sum(p in out for out, ps in zip(baseline, wanted, strict=True) for p in ps)
     bleu_plain = sacrebleu.corpus_bleu(baseline, [refs]).score
     bleu_constrained = sacrebleu.corpus_bleu(constrained, [refs]).score

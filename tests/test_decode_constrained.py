@@ -243,6 +243,20 @@ def test_cached_equals_uncached_on_a_real_model(tiny_model: Transformer) -> None
         assert hyp_tuples(c) == hyp_tuples(p)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_cuda_equals_cpu(tiny_model: Transformer) -> None:
+    src = torch.tensor([[5, 9, 11, 4, EOS], [8, 6, EOS, PAD, PAD]])
+    constraints = [[[9, 10]], [[12], [13, 14]]]
+    cpu = constrained_search(tiny_model, src, constraints, beam_size=3, nbest=2, max_len_b=5)
+    gpu_model = Transformer(tiny_model.cfg, vocab_size=24).cuda().eval()
+    gpu_model.load_state_dict(tiny_model.state_dict())
+    gpu = constrained_search(gpu_model, src.cuda(), constraints, beam_size=3, nbest=2, max_len_b=5)
+    for c, g in zip(cpu, gpu, strict=True):
+        assert hyp_tuples(c) == hyp_tuples(g)
+        assert [h.score for h in c] == pytest.approx([h.score for h in g], abs=1e-3)
+
+
 # --- input lines ----------------------------------------------------------------------------------------------------
 
 
@@ -310,6 +324,9 @@ def test_cli_constraints_with_nbest_and_a_line_at_a_time(toy_ckpt: Path, toy_lin
     whole = translate_cli("-c", str(toy_ckpt), "--constraints", stdin=stdin)
     assert streamed.exit_code == 0 and whole.exit_code == 0, streamed.output + whole.output
     assert streamed.stdout == whole.stdout and phrase in whole.stdout.splitlines()[0]
+    ensemble = translate_cli("-c", str(toy_ckpt), "-c", str(toy_ckpt), "--ensemble", "--constraints", stdin=stdin)
+    assert ensemble.exit_code == 0, ensemble.output
+    assert phrase in ensemble.stdout.splitlines()[0]
 
 
 @pytest.mark.parametrize(

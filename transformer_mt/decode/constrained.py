@@ -40,8 +40,9 @@ these changes, per sentence and step, beam size k:
 5. Length. T must fit in the maximum output length (`constrained_search`
    raises otherwise). A hypothesis that could no longer place its missing
    constraint tokens before the maximum length if it spent the next token
-   elsewhere (abandoning its partial phrase included) may only advance a
-   constraint: every hypothesis at the maximum length has met all of them.
+   elsewhere (abandoning its partial phrase included) may only take a token
+   that advances a constraint, or begins one where that leaves room: every
+   hypothesis at the maximum length has met all of them.
 6. ``no_repeat_ngram`` never bans a token that advances a constraint: the
    constraint wins over the deviation.
 
@@ -212,7 +213,7 @@ def constrained_search(
     k = beam_size
     max_len = max_output_lengths(src, max_len_a, max_len_b, max_positions)
     phrases = phrase_table(constraints, src.device)
-    too_long = (phrases.total.cpu() > max_len).nonzero().flatten().tolist()
+    too_long = (phrases.total > max_len.to(src.device)).nonzero().flatten().tolist()
     if too_long:
         i = too_long[0]
         raise ConstraintLengthError(i, int(phrases.total[i]), int(max_len[i]))
