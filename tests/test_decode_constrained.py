@@ -26,6 +26,7 @@ from transformer_mt.decode.constrained import (
     contains_constraints,
     phrase_table,
     split_constraints,
+    word_continuations,
 )
 from transformer_mt.decode.search import beam_search, length_penalty
 from transformer_mt.model.transformer import Transformer
@@ -143,6 +144,45 @@ def test_constraints_are_placed_before_the_maximum_length(k: int) -> None:
         assert all(holds(h.tokens, constraints) and len(h.tokens) == 4 for h in hyps)
         assert hyps[0].tokens.count(B_) == 2  # no more b than the phrases need: b is less likely than a
         assert hyps[0].log_prob == pytest.approx(2 * math.log(0.6) + 2 * math.log(0.4 - 1e-6) + math.log(1e-6))
+
+
+def test_a_completed_phrase_ends_its_word() -> None:
+    """With b a piece that continues a word, a met phrase "a" is never followed by b; without that rule some
+    hypotheses are (the check can fail), and the best output that obeys it is the exhaustive best."""
+    tables = [random_table(300 + i, eos_bias=-0.04) for i in range(4)]
+    model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
+    src = fake_src(list(range(4)), src_len=3)
+    continues_word = torch.zeros(6, dtype=torch.bool)
+    continues_word[B_] = True
+    kwargs = dict(beam_size=16, nbest=16, len_penalty=0.6, max_len_a=0, max_len_b=3)
+    free = constrained_search(model, src, [[[A]]] * 4, **kwargs)
+    ended = constrained_search(model, src, [[[A]]] * 4, continues_word=continues_word, **kwargs)
+
+    def met_then_b(tokens: list[int]) -> bool:  # the first a meets the phrase
+        return A in tokens and tokens.index(A) + 1 < len(tokens) and tokens[tokens.index(A) + 1] == B_
+
+    assert any(met_then_b(h.tokens) for hyps in free for h in hyps)
+    for s, hyps in enumerate(ended):
+        expected = [w for _, w in exhaustive_with(tables[s], s, 3, 0.6, [[A]]) if not met_then_b(list(w))]
+        assert hyp_tuples(hyps) == expected
+
+
+def test_word_continuations_are_the_pieces_without_a_word_start(prepared_toy: Config) -> None:
+    from transformer_mt.data.bpe import load_bpe
+
+    bpe = load_bpe(Path(prepared_toy.data.dir) / "spm.model")
+    marks = word_continuations(bpe)
+    pieces = [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+    assert marks.shape == (len(pieces),) and 0 < int(marks.sum()) < len(pieces)
+    assert not marks[:4].any()  # PAD, UNK, BOS, EOS
+    assert all(
+        not p.startswith("\u2581") and any(c.isalnum() for c in p) for p, m in zip(pieces, marks, strict=True) if m
+    )
+    assert all(
+        p.startswith("\u2581") or not any(c.isalnum() for c in p)
+        for p, m in zip(pieces[4:], marks[4:], strict=True)
+        if not m
+    )
 
 
 def test_constraints_longer_than_the_output_are_refused() -> None:

@@ -45,6 +45,11 @@ these changes, per sentence and step, beam size k:
    hypothesis at the maximum length has met all of them.
 6. ``no_repeat_ngram`` never bans a token that advances a constraint: the
    constraint wins over the deviation.
+7. With ``continues_word`` (`word_continuations`: the subword pieces that
+   carry on the word before them), a completed phrase ends its word: the
+   token after it may not continue it ("Boden gebracht" is not met by
+   "Boden gebrachtenen"). A phrase begins a word by itself, its first piece
+   being word-initial.
 
 With no constraints there is one bank, (b) is empty and (c) ranks below the
 2k candidates of (a) unless it is one of them, so a sentence without
@@ -135,17 +140,17 @@ class Progress:
     met: Tensor  # (R, C) bool: constraints in the output already; the empty places of a short list count as met
     cand: Tensor  # (R, C) bool: the unmet constraints whose first ``prog`` tokens end the output
     prog: Tensor  # (R,) long: tokens of the phrase in progress (0: none)
+    ended: Tensor  # (R,) bool: the last token completed a phrase
 
     @classmethod
     def start(cls, phrases: _Phrases) -> Progress:
         """Nothing generated yet: nothing met, no phrase in progress."""
         met = phrases.lengths == 0
-        return cls(met, torch.zeros_like(met), torch.zeros(met.shape[0], dtype=torch.long, device=met.device))
+        none = torch.zeros(met.shape[0], dtype=torch.long, device=met.device)
+        return cls(met, torch.zeros_like(met), none, none.bool())
 
     def select(self, index: Tensor) -> Progress:
-        return Progress(
-            self.met.index_select(0, index), self.cand.index_select(0, index), self.prog.index_select(0, index)
-        )
+        return Progress(*(x.index_select(0, index) for x in (self.met, self.cand, self.prog, self.ended)))
 
     def met_tokens(self, phrases: _Phrases) -> Tensor:
         """(R,) constraint tokens met, the partial phrase included: the hypothesis' bank."""
@@ -169,7 +174,7 @@ class Progress:
         complete = cand & (phrases.lengths == prog[:, None])
         first = complete & (complete.long().cumsum(dim=1) == 1)  # of equal phrases, one is met per occurrence
         ended = complete.any(dim=1)
-        return Progress(self.met | first, cand & ~ended[:, None], prog.masked_fill(ended, 0))
+        return Progress(self.met | first, cand & ~ended[:, None], prog.masked_fill(ended, 0), ended)
 
 
 def contains_constraints(tokens: Sequence[int], constraints: Constraints) -> bool:
@@ -198,8 +203,13 @@ def constrained_search(
     use_cache: bool = True,
     no_repeat_ngram: int = 0,
     stopping: Literal["exact", "k_finished"] = "exact",
+    continues_word: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """`beam_search` whose every hypothesis of sentence i contains the phrases ``constraints[i]`` (module docstring).
+
+    ``continues_word`` (V,) bool: the tokens that continue the word before
+    them (`word_continuations`); given, none may follow a completed phrase
+    (rule 7).
 
     Raises `ConstraintLengthError` (the first sentence at fault) when a
     sentence's constraint tokens exceed its maximum output length.
@@ -227,7 +237,7 @@ def constrained_search(
         row_phrases = phrases.select(rows)
         nxt = state.next_tokens(row_phrases)  # (n*w, C)
         lprobs = _next_log_probs(model, beams, use_cache)
-        lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram)
+        lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram, continues_word)
         cands = _candidates(beams.scores, lprobs, nxt, k)
         sentence = torch.arange(beams.sent.numel(), device=src.device)[:, None].expand_as(cands.beam).flatten()
         cand_phrases = phrases.select(sentence)  # (n*M) rows: one per candidate
@@ -251,8 +261,9 @@ def constrained_search(
 
 
 def _restrict(
-    lprobs: Tensor, beams: _Beams, state: Progress, phrases: _Phrases, nxt: Tensor, step: int, no_repeat_ngram: int
-) -> Tensor:
+    lprobs: Tensor, beams: _Beams, state: Progress, phrases: _Phrases, nxt: Tensor, step: int, no_repeat_ngram: int,
+    continues_word: Tensor | None,
+) -> Tensor:  # fmt: skip
     """``lprobs`` (n*w, V), in place, with the constraint rules 4-6: EOS only when all constraints are met; where
     the length left demands it, only tokens that advance a constraint (or begin one, if that leaves room); those
     tokens exempt from n-gram blocking; EOS forced at the maximum length."""
@@ -270,6 +281,9 @@ def _restrict(
     spare = row_max - step - 1 - needed - state.prog
     must_advance = (spare < 0) & (needed > 0)
     lprobs.index_fill_(0, must_advance.nonzero().squeeze(1), NEG_INF)  # those rows only, not a pass over all
+    if continues_word is not None:  # rule 7: a completed phrase ends its word
+        ended = state.ended.nonzero().squeeze(1)
+        lprobs[ended] = lprobs[ended].masked_fill(continues_word, NEG_INF)
     allowed = torch.cat([nxt >= 0, (begins >= 0) & (spare >= -1)[:, None]], dim=1)
     # amax: a token listed twice (an advancing one that also begins a phrase) gets its value whatever the order
     lprobs.scatter_reduce_(1, index, before.masked_fill(~allowed, NEG_INF), reduce="amax")
@@ -387,6 +401,19 @@ def encode_constraints(bpe: spm.SentencePieceProcessor, phrases: Sequence[str], 
             )
         encoded.append(ids)
     return encoded
+
+
+def word_continuations(bpe: spm.SentencePieceProcessor) -> Tensor:
+    """(V,) bool: the pieces that continue the word before them (no leading ``▁``, a letter or digit in them).
+
+    Punctuation pieces (",", ".") may follow a word without a space, so they
+    do not count; neither do the control pieces.
+    """
+    marks = [
+        not (bpe.is_control(i) or bpe.is_unknown(i) or piece.startswith("\u2581")) and any(c.isalnum() for c in piece)
+        for i, piece in enumerate(bpe.id_to_piece(i) for i in range(bpe.get_piece_size()))
+    ]
+    return torch.tensor(marks, dtype=torch.bool)
 
 
 def check_lengths(

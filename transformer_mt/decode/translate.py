@@ -38,6 +38,7 @@ from transformer_mt.decode.constrained import (
     constrained_search,
     encode_constraints,
     split_constraints,
+    word_continuations,
 )
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
@@ -240,6 +241,7 @@ class Translator:
             if p:
                 check_lengths(start + i, p, x, d.max_len_a, d.max_len_b, self.cfg.model.max_positions)
         results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        continues_word = word_continuations(self.bpe).to(self.device)
         groups = ([i for i, x in enumerate(ids) if x and not phrases[i]], [i for i, x in enumerate(ids) if phrases[i]])
         with tqdm(
             total=len(lines), unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress
@@ -249,7 +251,7 @@ class Translator:
                 for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
                     sources = [ids[i] for i in batch]
                     if constrained:
-                        found = self._constrained_search(sources, [phrases[i] for i in batch], nbest)
+                        found = self._constrained_search(sources, [phrases[i] for i in batch], nbest, continues_word)
                         texts = [self._texts(hyps, nbest) for hyps in found]
                     else:
                         texts = self._translate_batch(sources, nbest)
@@ -265,7 +267,7 @@ class Translator:
         return found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found))
 
     def _constrained_search(
-        self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int
+        self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int, continues_word: torch.Tensor
     ) -> list[list[Hypothesis]]:
         """`constrained_search` over ``self.model`` with the decode section's settings."""
         d = self.cfg.decode
@@ -273,6 +275,7 @@ class Translator:
             self.model, pad_batch(sources).to(self.device), phrases, beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
+            continues_word=continues_word,
         )  # fmt: skip
 
     def _beam_search(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
