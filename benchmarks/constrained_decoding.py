@@ -11,8 +11,8 @@ places of their own in the reference). Two sets are drawn:
   lacks, so that every constraint changes the output (lines where none is
   left go without constraints and are not counted).
 
-For each set: coverage (each phrase in its line's output, as text; and as
-the search counts it, on the output's tokens), sacreBLEU of the constrained
+For each set: coverage (each phrase in its line's output, as text, as whole
+words, and as the search counts it on the output encoded again), sacreBLEU of the constrained
 lines against the unconstrained translation of the same lines, and
 sentences/s against the ordinary search on the same lines, both timed in
 this process, taking turns (``--repeats``; medians). A third run decodes
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import sys
 import time
@@ -131,6 +132,11 @@ def report(
     wanted = [phrases[i] for i in todo]
     count = sum(map(len, wanted))
     as_text = sum(out.count(p) >= ps.count(p) for out, ps in zip(constrained, wanted, strict=True) for p in ps)
+    as_words = sum(  # whole words: no letter or digit right before or after the phrase
+        len(re.findall(rf"(?<!\w){re.escape(p)}(?!\w)", out)) >= ps.count(p)
+        for out, ps in zip(constrained, wanted, strict=True)
+        for p in ps
+    )
     as_tokens = 0  # lines whose output, encoded again, holds all its phrases as the search counts them
     for out, ps in zip(constrained, wanted, strict=True):
         ids = translator.bpe.encode(normalize(out), out_type=int)
@@ -143,8 +149,8 @@ def report(
     bleu_constrained = sacrebleu.corpus_bleu(constrained, [refs]).score
     t_plain, t_con = statistics.median(times["plain"]), statistics.median(times["constrained"])
     print(f"\n[{name}] {len(todo)} lines, {count} phrases ({in_plain} already in the unconstrained output)")
-    print(f"  coverage: {as_text}/{count} phrases as text ({100 * as_text / count:.1f}%); {as_tokens}/{len(todo)} "
-          "lines hold all theirs as tokens")  # fmt: skip
+    print(f"  coverage: {as_text}/{count} phrases as text ({100 * as_text / count:.1f}%), {as_words}/{count} as whole "
+          f"words; {as_tokens}/{len(todo)} lines hold all theirs as tokens")  # fmt: skip
     print(f"  sacreBLEU: unconstrained {bleu_plain:.2f} -> constrained {bleu_constrained:.2f} "
           f"({bleu_constrained - bleu_plain:+.2f})")  # fmt: skip
     print(f"  speed: unconstrained {len(todo) / t_plain:.1f} sent/s, constrained {len(todo) / t_con:.1f} sent/s, "
