@@ -512,6 +512,16 @@ def translate(
             show_default=False,
         ),
     ] = None,
+    constraints: Annotated[
+        bool,
+        typer.Option(
+            "--constraints",
+            help="Lexically constrained decoding: each input line is the source, then tab-separated target phrases "
+            "its translation must contain, in any order, each as written (fairseq's format: "
+            "'A dog runs.<TAB>Hund<TAB>rennt'); a line without a tab is translated as usual. Phrases are encoded "
+            "as words after a space. Dynamic beam allocation (docs/decoding.md); not with --engine ctranslate2.",
+        ),
+    ] = False,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -530,13 +540,14 @@ def translate(
 
     Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
     an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
-    a line in, a line out: tmt translate -c avg.pt --buffer-lines 1
+    a line in, a line out: tmt translate -c avg.pt --buffer-lines 1;
+    with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     import sys
 
     from transformer_mt.decode.stream import stream_lines
-    from transformer_mt.decode.translate import translate_file
+    from transformer_mt.decode.translate import CONSTRAINTS_ENGINE, translate_file
     from transformer_mt.files import check_output_file
 
     if ctx.args:
@@ -544,11 +555,20 @@ def translate(
             f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
             f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {ctx.args[0]}"
         )
+    if constraints and engine is Engine.ctranslate2:
+        raise UserError(CONSTRAINTS_ENGINE)
     overrides = decode_overrides(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
         temperature=temperature, seed=seed, alignment=alignment,
     )  # fmt: skip
-    settings = dict(device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file)
+    settings = dict(
+        device=device,
+        overrides=overrides,
+        engine=engine.value,
+        ensemble=ensemble,
+        prefix_file=prefix_file,
+        constraints=constraints,
+    )
     if output is not None:
         check_output_file(output, example="translations.txt")
     elif sys.stdout is None:

@@ -80,8 +80,11 @@ def translate_stream(
 def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
     ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
-    prefix_file: str | Path | None = None,
+    prefix_file: str | Path | None = None, constraints: bool = False,
 ) -> int:  # fmt: skip
-    """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`."""
+    """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`.
+
+    ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`)."""
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
+    translator.constraints = constraints
     return translate_stream(translator, input, buffer_lines, prefix_file)

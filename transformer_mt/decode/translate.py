@@ -36,6 +36,13 @@ from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.align import alignments
+from transformer_mt.decode.constrained import (
+    check_lengths,
+    constrained_search,
+    encode_constraints,
+    split_constraints,
+    word_continuations,
+)
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
@@ -48,6 +55,12 @@ from transformer_mt.model.transformer import Transformer
 
 class TranslateError(UserError):
     """Input or checkpoint problems a user can fix; the message names the file (and line) and the fix."""
+
+
+CONSTRAINTS_ENGINE = (
+    "--constraints needs tmt's own search (--engine pytorch): CTranslate2 has no lexical constraints; translate "
+    "with the checkpoint the export came from"
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class Translator:
         self.show_progress = True
         self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
+        self.constraints = False  # True: each line is source<TAB>phrase<TAB>... (`translate_constrained`)
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``--set decode.*``
@@ -194,6 +208,10 @@ class Translator:
             raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
         if prefixes is not None and len(prefixes) != len(lines):
             raise TranslateError(f"{prefix_origin}: {len(prefixes)} prefixes for {len(lines)} lines; give one per line")
+        if self.constraints:
+            if prefixes is not None:
+                raise TranslateError("--constraints and --prefix-file cannot be combined; use one of them")
+            return self.translate_constrained(lines, nbest, start)
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
         forced = [
             self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
@@ -279,6 +297,60 @@ class Translator:
             missing = Translation("", float("-inf"), float("-inf"), empty_alignment)
             results.append(done + [missing] * (nbest - len(done)))
         return results
+
+    def translate_constrained(self, lines: Sequence[str], nbest: int, start: int = 0) -> list[list[Translation]]:
+        """`translate_lines_nbest` of ``source<TAB>phrase<TAB>...`` lines: each translation holds every phrase.
+
+        The phrases are checked and encoded before anything is translated, so
+        a bad line fails at once (`ConstraintError`, naming the line). Lines
+        without phrases are searched by `beam_search` as without
+        ``--constraints``; the others by `constrained_search`, in batches of
+        their own.
+        """
+        if self.engine_search is not None:
+            raise TranslateError(CONSTRAINTS_ENGINE)
+        d = self.cfg.decode
+        split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
+        ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
+        phrases = [encode_constraints(self.bpe, texts, start + i) for i, (_, texts) in enumerate(split)]
+        for i, (x, p) in enumerate(zip(ids, phrases, strict=True)):
+            if p:
+                check_lengths(start + i, p, x, d.max_len_a, d.max_len_b, self.cfg.model.max_positions)
+        results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        continues_word = word_continuations(self.bpe).to(self.device)
+        groups = ([i for i, x in enumerate(ids) if x and not phrases[i]], [i for i, x in enumerate(ids) if phrases[i]])
+        with self._progress(len(lines)) as bar:
+            bar.update(len(lines) - len(groups[0]) - len(groups[1]))
+            for group, constrained in zip(groups, (False, True), strict=True):
+                for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
+                    sources = [ids[i] for i in batch]
+                    if constrained:
+                        found = self._constrained_search(sources, [phrases[i] for i in batch], nbest, continues_word)
+                        texts = [self._texts(hyps, nbest) for hyps in found]
+                    else:
+                        texts = self._translate_batch(sources, nbest)
+                    for i, translations in zip(batch, texts, strict=True):
+                        results[i] = translations
+                    bar.update(len(batch))
+                    release_free_memory()
+        return results
+
+    def _texts(self, hyps: list[Hypothesis], nbest: int) -> list[Translation]:
+        """``nbest`` translations of the hypotheses of one line: empty ones with -inf after those found."""
+        found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
+        return found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found))
+
+    def _constrained_search(
+        self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int, continues_word: torch.Tensor
+    ) -> list[list[Hypothesis]]:
+        """`constrained_search` over ``self.model`` with the decode section's settings."""
+        d = self.cfg.decode
+        return constrained_search(
+            self.model, pad_batch(sources).to(self.device), phrases, beam_size=d.beam_size, len_penalty=d.len_penalty,
+            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
+            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
+            continues_word=continues_word,
+        )  # fmt: skip
 
     def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
         """Each hypothesis' alignment line (`transformer_mt.decode.align`), or None without ``decode.alignment``."""
@@ -542,6 +614,7 @@ def translate_file(
     ensemble: bool = False,
     prefix_file: str | Path | None = None,
     window_lines: int = WINDOW_LINES,
+    constraints: bool = False,
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None), ``window_lines`` lines at a time.
 
@@ -553,7 +626,8 @@ def translate_file(
     before the model loads, so bad input at the start fails fast; ``output``
     is written to a temporary file renamed at the end (`atomic_write_lines`),
     so a failure later leaves no file that looks complete. ``prefix_file``:
-    one target prefix per input line, read beside it. See `tmt translate
+    one target prefix per input line, read beside it. ``constraints``: each
+    line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`). See `tmt translate
     --help`; `transformer_mt.decode.stream` translates as lines arrive.
     """
     if window_lines < 1:
@@ -564,7 +638,10 @@ def translate_file(
     prefix_lines = None if prefix_file is None else input_lines(prefix_file)
     chunks = windows(input_lines(input), prefix_lines, window_lines, names)
     first = next(chunks, None)  # read before the model loads
+    for i, line in enumerate(first[0] if constraints and first else []):
+        split_constraints(line, i)  # the first window's format, before the model loads
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
+    translator.constraints = constraints
     counts = EmptyCount()
     # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
     # found before any translation is the only line printed

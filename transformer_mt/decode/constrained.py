@@ -1,0 +1,432 @@
+"""Lexically constrained beam search: every output contains given target phrases (``tmt translate --constraints``).
+
+The algorithm is dynamic beam allocation (Post & Vilar, 2018, "Fast
+Lexically Constrained Decoding with Dynamic Beam Allocation"), vectorized
+over the sentences of a batch as Hu et al. (2019) did. Each sentence has a
+set of constraints, phrases of target token ids, to appear in its output in
+any order, each as contiguous tokens, each met by an occurrence of its own.
+The search is `transformer_mt.decode.search.beam_search` (its docstring
+states the rules kept here: the cache, the first step, length penalty,
+maximum length, exact early stopping, sentences leaving the batch) with
+these changes, per sentence and step, beam size k:
+
+1. Constraint state. Each hypothesis records which constraints it has met,
+   and the phrase in progress: how many of its first tokens end the output
+   (``prog``) and which unmet constraints begin with them (``cand``, more than
+   one when phrases share a first word). A token that continues one of them
+   advances; a phrase of ``prog + 1`` tokens is then met (the first such, so
+   two equal phrases need two occurrences). Any other token abandons the
+   partial phrase (it counts for nothing) and may start an unmet constraint.
+   Matching is greedy, left to right: a phrase that overlaps itself (x x y
+   after x x x y) may be missed by the count; the search then places it again,
+   so an output it finishes always holds what the count says.
+2. Candidates, the union of (a) the 2k best extensions over (beam x
+   vocabulary), as in the ordinary search, (b) every hypothesis extended by
+   each token that advances one of its unmet constraints, and (c) every
+   hypothesis extended by its own best token; a (hypothesis, token) pair
+   named twice counts once.
+3. Banks. A candidate's bank is the number of constraint tokens it has met
+   (``prog`` included), 0 to T (T: the sentence's constraint tokens). The
+   beam is filled round-robin over the banks, highest first: the best
+   candidate of each non-empty bank, then the second best of each, and so
+   on, until k are chosen; a bank without candidates leaves its places to
+   the others. So hypotheses that have met more constraints always hold
+   places, however unlikely their words.
+4. EOS is allowed only once every constraint is met. EOS candidates take part
+   in the allocation of step 3 (all in bank T); those chosen are finished,
+   as the EOS candidates among the first k are in the ordinary search. The
+   live hypotheses are the allocation of k places among the candidates that
+   do not end in EOS.
+5. Length. T must fit in the maximum output length (`constrained_search`
+   raises otherwise). A hypothesis that could no longer place its missing
+   constraint tokens before the maximum length if it spent the next token
+   elsewhere (abandoning its partial phrase included) may only take a token
+   that advances a constraint, or begins one where that leaves room: every
+   hypothesis at the maximum length has met all of them.
+6. ``no_repeat_ngram`` never bans a token that advances a constraint: the
+   constraint wins over the deviation.
+7. With ``continues_word`` (`word_continuations`: the subword pieces that
+   carry on the word before them), a completed phrase ends its word: the
+   token after it may not continue it ("Boden gebracht" is not met by
+   "Boden gebrachtenen"). A phrase begins a word by itself, its first piece
+   being word-initial.
+
+With no constraints there is one bank, (b) is empty and (c) ranks below the
+2k candidates of (a) unless it is one of them, so a sentence without
+constraints gets the ordinary search's hypotheses (equal scores may be
+ordered differently). `tmt translate` sends such lines to `beam_search`
+itself all the same, which costs less per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sentencepiece as spm
+import torch
+from torch import Tensor
+
+from transformer_mt.data.bpe import EOS, UNK
+from transformer_mt.data.clean import normalize
+from transformer_mt.decode.search import (
+    NEG_INF,
+    Hypothesis,
+    _advance,
+    _Beams,
+    _collect_finished,
+    _Finished,
+    _force_eos_at_max_len,
+    _kept_sentences,
+    _next_log_probs,
+    _sentences_done,
+    _start,
+    block_repeated_ngrams,
+    max_output_lengths,
+    row_topk,
+)
+from transformer_mt.errors import UserError
+
+Constraints = Sequence[Sequence[int]]
+"""The phrases (target token ids, each non-empty) one sentence's output must contain."""
+
+
+class ConstraintLengthError(ValueError):
+    """A sentence's constraints hold more tokens than its maximum output length."""
+
+    def __init__(self, sentence: int, needed: int, max_len: int) -> None:
+        super().__init__(f"sentence {sentence}: the constraints need {needed} tokens, the output may have {max_len}")
+        self.sentence, self.needed, self.max_len = sentence, needed, max_len
+
+
+@dataclass(frozen=True)
+class _Phrases:
+    """The constraints of the active sentences: ``tokens`` (n, C, L), -1 past a phrase's end; ``lengths`` (n, C), 0
+    for the places of sentences with fewer than C constraints."""
+
+    tokens: Tensor
+    lengths: Tensor
+
+    @property
+    def total(self) -> Tensor:
+        """(n,) constraint tokens of each sentence: T, the number of the highest bank."""
+        return self.lengths.sum(dim=1)
+
+    def select(self, index: Tensor) -> _Phrases:
+        """The rows ``index`` (sentences, or sentences repeated per beam or per candidate)."""
+        return _Phrases(self.tokens.index_select(0, index), self.lengths.index_select(0, index))
+
+
+def phrase_table(constraints: Sequence[Constraints], device: torch.device | str = "cpu") -> _Phrases:
+    """The constraint lists of a batch, one per sentence, as padded tensors."""
+    c = max((len(phrases) for phrases in constraints), default=0)
+    width = max((len(p) for phrases in constraints for p in phrases), default=0)
+    tokens = torch.full((len(constraints), c, max(width, 1)), -1, dtype=torch.long)
+    lengths = torch.zeros((len(constraints), c), dtype=torch.long)
+    for i, phrases in enumerate(constraints):
+        for j, phrase in enumerate(phrases):
+            if not phrase:
+                raise ValueError(f"sentence {i}: constraint {j + 1} is empty")
+            tokens[i, j, : len(phrase)] = torch.tensor(list(phrase))
+            lengths[i, j] = len(phrase)
+    return _Phrases(tokens.to(device), lengths.to(device))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The constraint state of R hypotheses (module docstring, rule 1)."""
+
+    met: Tensor  # (R, C) bool: constraints in the output already; the empty places of a short list count as met
+    cand: Tensor  # (R, C) bool: the unmet constraints whose first ``prog`` tokens end the output
+    prog: Tensor  # (R,) long: tokens of the phrase in progress (0: none)
+    ended: Tensor  # (R,) bool: the last token completed a phrase
+
+    @classmethod
+    def start(cls, phrases: _Phrases) -> Progress:
+        """Nothing generated yet: nothing met, no phrase in progress."""
+        met = phrases.lengths == 0
+        none = torch.zeros(met.shape[0], dtype=torch.long, device=met.device)
+        return cls(met, torch.zeros_like(met), none, none.bool())
+
+    def select(self, index: Tensor) -> Progress:
+        return Progress(*(x.index_select(0, index) for x in (self.met, self.cand, self.prog, self.ended)))
+
+    def met_tokens(self, phrases: _Phrases) -> Tensor:
+        """(R,) constraint tokens met, the partial phrase included: the hypothesis' bank."""
+        return (phrases.lengths * self.met).sum(dim=1) + self.prog
+
+    def next_tokens(self, phrases: _Phrases) -> Tensor:
+        """(R, C) the token that would advance each constraint (-1: none): the phrase in progress continues, or,
+        with none in progress, an unmet phrase begins."""
+        pos = self.prog[:, None].expand_as(phrases.lengths)
+        tokens = phrases.tokens.gather(2, pos.clamp(max=phrases.tokens.shape[2] - 1)[..., None]).squeeze(2)
+        open_ = torch.where(self.prog[:, None] > 0, self.cand, ~self.met) & (pos < phrases.lengths)
+        return tokens.masked_fill(~open_, -1)
+
+    def extend(self, phrases: _Phrases, tokens: Tensor) -> Progress:
+        """The state after appending ``tokens`` (R,), one per hypothesis; ``phrases`` has one row per hypothesis."""
+        advances = self.next_tokens(phrases) == tokens[:, None]  # (R, C)
+        go_on = (self.prog > 0) & advances.any(dim=1)  # the phrase in progress continues
+        starts = ~self.met & (phrases.tokens[:, :, 0] == tokens[:, None])  # else: a phrase begins (or none)
+        cand = torch.where(go_on[:, None], advances, starts)
+        prog = torch.where(go_on, self.prog + 1, starts.any(dim=1).long())
+        complete = cand & (phrases.lengths == prog[:, None])
+        first = complete & (complete.long().cumsum(dim=1) == 1)  # of equal phrases, one is met per occurrence
+        ended = complete.any(dim=1)
+        return Progress(self.met | first, cand & ~ended[:, None], prog.masked_fill(ended, 0), ended)
+
+
+def contains_constraints(tokens: Sequence[int], constraints: Constraints) -> bool:
+    """Whether ``tokens`` hold every phrase of ``constraints`` as counted by the search (rule 1)."""
+    if not constraints:
+        return True
+    phrases = phrase_table([constraints])
+    state = Progress.start(phrases)
+    for token in tokens:
+        state = state.extend(phrases, torch.tensor([token]))
+    return bool(state.met.all())
+
+
+@torch.no_grad()
+def constrained_search(
+    model: Any,
+    src: Tensor,
+    constraints: Sequence[Constraints],
+    beam_size: int = 4,
+    len_penalty: float = 0.6,
+    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+    max_positions: int | None = None,
+    use_cache: bool = True,
+    no_repeat_ngram: int = 0,
+    stopping: Literal["exact", "k_finished"] = "exact",
+    continues_word: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """`beam_search` whose every hypothesis of sentence i contains the phrases ``constraints[i]`` (module docstring).
+
+    ``continues_word`` (V,) bool: the tokens that continue the word before
+    them (`word_continuations`); given, none may follow a completed phrase
+    (rule 7).
+
+    Raises `ConstraintLengthError` (the first sentence at fault) when a
+    sentence's constraint tokens exceed its maximum output length.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
+    if len(constraints) != src.shape[0]:
+        raise ValueError(f"{src.shape[0]} sentences but {len(constraints)} constraint lists")
+    k = beam_size
+    max_len = max_output_lengths(src, max_len_a, max_len_b, max_positions)
+    phrases = phrase_table(constraints, src.device)
+    too_long = (phrases.total > max_len.to(src.device)).nonzero().flatten().tolist()
+    if too_long:
+        i = too_long[0]
+        raise ConstraintLengthError(i, int(phrases.total[i]), int(max_len[i]))
+    beams = _start(model, src, max_len, use_cache)
+    state = Progress.start(phrases)
+    finished = _Finished(k, [[] for _ in range(src.shape[0])])
+    step = 0
+    while beams.sent.numel() > 0:
+        w = beams.width
+        rows = torch.arange(beams.sent.numel(), device=src.device).repeat_interleave(w)  # sentence of each row
+        row_phrases = phrases.select(rows)
+        nxt = state.next_tokens(row_phrases)  # (n*w, C)
+        lprobs = _next_log_probs(model, beams, use_cache)
+        lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram, continues_word)
+        cands = _candidates(beams.scores, lprobs, nxt, k)
+        sentence = torch.arange(beams.sent.numel(), device=src.device)[:, None].expand_as(cands.beam).flatten()
+        cand_phrases = phrases.select(sentence)  # (n*M) rows: one per candidate
+        after = state.select(sentence * w + cands.beam.flatten()).extend(cand_phrases, cands.token.flatten())
+        bank = after.met_tokens(cand_phrases).view_as(cands.score)
+        total = phrases.total
+        # the EOS candidates given a place are finished (rule 4)
+        chosen = _allocate(cands.score, bank, total, k)
+        _collect_finished(finished, beams, *cands.take(chosen), step, len_penalty, len_penalty_form)
+        not_eos = cands.score.masked_fill(cands.token == EOS, NEG_INF)
+        live = _allocate(not_eos, bank, total, k)
+        _, live_beam, live_token = cands.take(live)
+        live_scores = not_eos.gather(1, live)
+        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
+        keep = _kept_sentences(done)
+        state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
+        phrases = phrases.select(keep)
+        beams = _advance(beams, live_scores, live_beam, live_token, done, k)
+        step += 1
+    return [hyps[:nbest] for hyps in finished.hyps]
+
+
+def _restrict(
+    lprobs: Tensor, beams: _Beams, state: Progress, phrases: _Phrases, nxt: Tensor, step: int, no_repeat_ngram: int,
+    continues_word: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """``lprobs`` (n*w, V), in place, with the constraint rules 4-6: EOS only when all constraints are met; where
+    the length left demands it, only tokens that advance a constraint (or begin one, if that leaves room); those
+    tokens exempt from n-gram blocking; EOS forced at the maximum length."""
+    begins = torch.where(state.met, -1, phrases.tokens[:, :, 0])  # (n*w, C) first tokens of the unmet phrases
+    tokens = torch.cat([nxt, begins], dim=1)
+    index = tokens.clamp(min=0)
+    before = lprobs.gather(1, index)  # their log-probabilities before n-gram blocking
+    if no_repeat_ngram > 0:
+        lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
+    row_max = beams.max_len.repeat_interleave(beams.width)
+    needed = phrases.total - state.met_tokens(phrases)  # (n*w,) constraint tokens still to place, the partial's too
+    lprobs[:, EOS].masked_fill_(needed > 0, NEG_INF)
+    # places left after this step for the tokens still needed, if this token advances nothing: the partial
+    # phrase is lost (+ prog), or, if the token begins a phrase, lost but for that token (+ prog - 1)
+    spare = row_max - step - 1 - needed - state.prog
+    must_advance = (spare < 0) & (needed > 0)
+    lprobs.index_fill_(0, must_advance.nonzero().squeeze(1), NEG_INF)  # those rows only, not a pass over all
+    if continues_word is not None:  # rule 7: a completed phrase ends its word
+        ended = state.ended.nonzero().squeeze(1)
+        lprobs[ended] = lprobs[ended].masked_fill(continues_word, NEG_INF)
+    allowed = torch.cat([nxt >= 0, (begins >= 0) & (spare >= -1)[:, None]], dim=1)
+    # amax: a token listed twice (an advancing one that also begins a phrase) gets its value whatever the order
+    lprobs.scatter_reduce_(1, index, before.masked_fill(~allowed, NEG_INF), reduce="amax")
+    return _force_eos_at_max_len(lprobs, row_max == step)
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """One step's candidates of each of n sentences, M each: raw log-probability, beam extended, token."""
+
+    score: Tensor  # (n, M), -inf: none (or a repeat of an earlier candidate)
+    beam: Tensor  # (n, M)
+    token: Tensor  # (n, M)
+
+    def take(self, index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Scores, beams and tokens of the candidates at ``index`` (n, j)."""
+        return self.score.gather(1, index), self.beam.gather(1, index), self.token.gather(1, index)
+
+
+def _candidates(scores: Tensor, lprobs: Tensor, nxt: Tensor, k: int) -> _Candidates:
+    """Rule 2: (a) the 2k best extensions, (b) each hypothesis extended by each token that advances a constraint,
+    (c) each hypothesis extended by its best token; a (beam, token) pair that comes again gets -inf."""
+    n, w = scores.shape
+    c = nxt.shape[1]
+    # (a) as `_top_candidates` finds them, whose per-beam best tokens are (c)
+    m = min(2 * k, lprobs.shape[1])
+    row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*w, m)
+    top_scores, flat = (scores.view(-1, 1) + row_lprobs).view(n, w * m).topk(min(2 * k, w * m), dim=1)
+    top_beam, top_token = flat // m, row_tokens.view(n, w * m).gather(1, flat)
+    adv = scores.view(-1, 1) + lprobs.gather(1, nxt.clamp(min=0))  # (b) (n*w, C)
+    adv = adv.masked_fill(nxt < 0, NEG_INF).view(n, w * c)
+    adv_beam = torch.arange(w, device=scores.device).repeat_interleave(c).expand(n, -1)
+    beam_ids = torch.arange(w, device=scores.device).expand(n, -1)
+    fill = max(k - top_scores.shape[1] - w * c - w, 0)  # -inf places: at least k candidates (a tiny vocabulary)
+    score = torch.cat(
+        [top_scores, adv, scores + row_lprobs[:, 0].view(n, w), scores.new_full((n, fill), NEG_INF)], dim=1
+    )
+    beam = torch.cat([top_beam, adv_beam, beam_ids, beam_ids.new_zeros((n, fill))], dim=1)
+    token = torch.cat(
+        [top_token, nxt.clamp(min=0).view(n, w * c), row_tokens[:, 0].view(n, w), top_token.new_zeros((n, fill))],
+        dim=1,
+    )
+    return _Candidates(_drop_repeats(score, beam * lprobs.shape[1] + token), beam, token)
+
+
+def _drop_repeats(score: Tensor, key: Tensor) -> Tensor:
+    """``score`` (n, M) with -inf for every candidate whose ``key`` (n, M) an earlier one of its row has."""
+    sorted_key, order = key.sort(dim=1, stable=True)
+    repeat = torch.zeros_like(key, dtype=torch.bool)
+    repeat[:, 1:] = sorted_key[:, 1:] == sorted_key[:, :-1]
+    return score.masked_fill(repeat.scatter(1, order, repeat), NEG_INF)
+
+
+def _allocate(score: Tensor, bank: Tensor, total: Tensor, k: int) -> Tensor:
+    """Rule 3: the positions (n, k) of the k candidates the banks give places to, best score first.
+
+    Candidates are ranked by score within their bank; places go in order of
+    (rank, bank from the highest down): round-robin over the banks. -inf
+    candidates come last. With one bank this is the k best by score.
+    """
+    order = score.argsort(dim=1, descending=True, stable=True)  # (n, M)
+    s, b = score.gather(1, order), bank.gather(1, order).clamp(min=0)
+    banks = int(total.max()) + 1 if total.numel() else 1
+    onehot = torch.nn.functional.one_hot(b.clamp(max=banks - 1), banks)  # (n, M, banks)
+    rank = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # place of each candidate within its bank
+    key = rank * banks + (total[:, None] - b)
+    key = key.masked_fill(torch.isinf(s), torch.iinfo(torch.long).max)
+    picked = order.gather(1, key.argsort(dim=1, stable=True)[:, :k])  # (n, k)
+    best_first = score.gather(1, picked).argsort(dim=1, descending=True, stable=True)
+    return picked.gather(1, best_first)
+
+
+# -- text: `tmt translate --constraints` input lines
+
+
+class ConstraintError(UserError):
+    """A ``--constraints`` input line that cannot be searched; the message names the line and the fix."""
+
+
+def split_constraints(line: str, index: int) -> tuple[str, list[str]]:
+    """The source and the constraint phrases of input line ``index`` (0-based): fairseq's format,
+    ``source<TAB>phrase<TAB>phrase...``; a line without a tab has no constraints."""
+    source, *phrases = line.split("\t")
+    where = f"--constraints: line {index + 1}"
+    if phrases and not normalize(source):
+        raise ConstraintError(
+            f"{where}: constraints but no source text before the first tab; put the sentence to translate first"
+        )
+    for j, phrase in enumerate(phrases):
+        if not normalize(phrase):
+            raise ConstraintError(
+                f"{where}: constraint {j + 1} is empty (two tabs in a row, or a tab at the end of the line); each "
+                "tab starts a phrase the translation must contain: remove the extra tab"
+            )
+    return source, phrases
+
+
+def encode_constraints(bpe: spm.SentencePieceProcessor, phrases: Sequence[str], index: int) -> list[list[int]]:
+    """Each phrase as the model's tokens, normalized and encoded as the source is (`Translator.encode`).
+
+    sentencepiece marks a word that follows a space with a leading ``▁``
+    and segments each space-separated word on its own, so a phrase encoded
+    alone is the token sequence the same words have after a space in a
+    sentence. A phrase glued to the word before it (a suffix, or
+    punctuation such as the '.' of "Hund.") is encoded as if a space came
+    before it, and is then placed after a space in the output.
+    """
+    encoded = []
+    for j, phrase in enumerate(phrases):
+        ids = bpe.encode(normalize(phrase), out_type=int)
+        if UNK in ids:
+            raise ConstraintError(
+                f"--constraints: line {index + 1}: constraint {j + 1} ({phrase!r}) holds characters the model's "
+                "vocabulary lacks (they encode to <unk>); remove them or use another phrase"
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def word_continuations(bpe: spm.SentencePieceProcessor) -> Tensor:
+    """(V,) bool: the pieces that continue the word before them (no leading ``▁``, a letter or digit in them).
+
+    Punctuation pieces (",", ".") may follow a word without a space, so they
+    do not count; neither do the control pieces.
+    """
+    marks = [
+        not (bpe.is_control(i) or bpe.is_unknown(i) or piece.startswith("\u2581")) and any(c.isalnum() for c in piece)
+        for i, piece in enumerate(bpe.id_to_piece(i) for i in range(bpe.get_piece_size()))
+    ]
+    return torch.tensor(marks, dtype=torch.bool)
+
+
+def check_lengths(
+    index: int, phrases: Sequence[Sequence[int]], source: Sequence[int], max_len_a: float, max_len_b: int,
+    max_positions: int,
+) -> None:  # fmt: skip
+    """The constraints of input line ``index`` fit in its longest output (``source``: its ids and EOS)."""
+    needed = sum(map(len, phrases))
+    src = torch.tensor([list(source)])
+    max_len = int(max_output_lengths(src, max_len_a, max_len_b, max_positions)[0])
+    if needed > max_len:
+        raise ConstraintError(
+            f"--constraints: line {index + 1}: the constraints take {needed} tokens, more than the {max_len} this "
+            f"line's translation may have (decode.max_len_a x source tokens + decode.max_len_b, within "
+            "model.max_positions); shorten them, or raise the limit with --set decode.max_len_b=..."
+        )
