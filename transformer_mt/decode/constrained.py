@@ -77,12 +77,12 @@ from transformer_mt.decode.search import (
     _Beams,
     _collect_finished,
     _Finished,
-    _force_eos_at_max_len,
-    _kept_sentences,
     _next_log_probs,
     _sentences_done,
     _start,
     block_repeated_ngrams,
+    force_eos_at_max_len,
+    kept_sentences,
     max_output_lengths,
     row_topk,
 )
@@ -252,7 +252,7 @@ def constrained_search(
         _, live_beam, live_token = cands.take(live)
         live_scores = not_eos.gather(1, live)
         done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
-        keep = _kept_sentences(done)
+        keep = kept_sentences(done)
         state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
         phrases = phrases.select(keep)
         beams = _advance(beams, live_scores, live_beam, live_token, done, k)
@@ -287,7 +287,7 @@ def _restrict(
     allowed = torch.cat([nxt >= 0, (begins >= 0) & (spare >= -1)[:, None]], dim=1)
     # amax: a token listed twice (an advancing one that also begins a phrase) gets its value whatever the order
     lprobs.scatter_reduce_(1, index, before.masked_fill(~allowed, NEG_INF), reduce="amax")
-    return _force_eos_at_max_len(lprobs, row_max == step)
+    return force_eos_at_max_len(lprobs, row_max == step)
 
 
 @dataclass(frozen=True)
