@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config
-from transformer_mt.decode.stream import stream_lines
+from transformer_mt.decode.stream import READY, stream_lines
 from transformer_mt.decode.translate import TranslateError, Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,6 +118,7 @@ def test_a_terminal_gets_each_line_translated_as_it_is_typed(
             child.kill()
             child.wait()
             os.close(typist)
+    assert (tmp_path / "stderr").read_text().count(READY) == 1  # a person at the terminal is told when to type
 
 
 def test_buffered_groups_keep_every_line_in_order(toy_ckpt: Path, lines: list[str], expected: list[str]) -> None:

@@ -578,7 +578,7 @@ def translate(
     if stream is None:
         translate_file(checkpoint, input, output, window_lines=window_lines, **settings)
     else:
-        _translate_interactive(checkpoint, input, stream, settings)
+        _translate_interactive(checkpoint, input, stream, {**settings, "ready": terminal})
 
 
 def _translate_interactive(checkpoint: list[Path], input: Path | None, stream: int, settings: dict) -> None:

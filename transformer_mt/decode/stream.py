@@ -28,6 +28,8 @@ from transformer_mt.decode.translate import (
     write_stdout,
 )
 
+READY = "ready: type a sentence and press Enter for its translation; Ctrl-D (end of input) or Ctrl-C to stop"
+
 
 def stream_lines(
     buffer_lines: int | None, input: str | Path | None, output: str | Path | None, stdin_is_terminal: bool
@@ -80,11 +82,15 @@ def translate_stream(
 def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
     ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
-    prefix_file: str | Path | None = None, constraints: bool = False,
+    prefix_file: str | Path | None = None, constraints: bool = False, ready: bool = False,
 ) -> int:  # fmt: skip
     """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`.
 
-    ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`)."""
+    ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`).
+    ``ready``: say on stderr when the model is loaded and how to stop, for a person at a terminal, who
+    otherwise sees nothing while it loads and cannot tell when to type."""
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
     translator.constraints = constraints
+    if ready:
+        print(READY, file=sys.stderr, flush=True)
     return translate_stream(translator, input, buffer_lines, prefix_file)
