@@ -61,6 +61,7 @@ app = typer.Typer(
         "Train and evaluate the Transformer of 'Attention Is All You Need' as the paper did.\n\n"
         "The pipeline, one command per stage:\n\n"
         "  tmt quickstart                     the whole pipeline on the embedded toy corpus\n\n"
+        "  tmt init --train data/train ...    a config for your own parallel text\n\n"
         "  tmt download wmt14 --pair en-de    fetch WMT14 parallel text\n\n"
         "  tmt prepare configs/base.yaml      clean, learn BPE, binarize\n\n"
         "  tmt train configs/base.yaml        train (resumes automatically)\n\n"
