@@ -160,12 +160,18 @@ def test_attention_figure_draws_each_head_and_the_cli_writes_it(toy_run: Path, t
 
 
 def test_report_chart_sets_each_runs_figures_beside_the_papers(toy_run: Path, tmp_path: Path) -> None:
-    points = table3_points([read_run(toy_run)])  # the toy run is no row of Table 3
+    run = read_run(toy_run)
+    points = table3_points([run])  # the toy run is no row of Table 3: its bars come first, with no paper bar
     fig = report_figure(points, tmp_path / "r.png")
     bleu, ppl = fig.axes
     paper, mine = bleu.containers
-    assert [bar.get_height() for bar in paper] == [row.bleu for row in TABLE3]
-    assert all(math.isnan(bar.get_height()) for bar in mine)
-    assert [bar.get_height() for bar in ppl.containers[0]] == [row.ppl for row in TABLE3]
+    assert math.isnan(paper[0].get_height()) and [bar.get_height() for bar in paper][1:] == [r.bleu for r in TABLE3]
+    assert all(math.isnan(bar.get_height()) for bar in mine[1:])  # no row of Table 3 was run
+    expected = run.scores[min(run.scores)]["sacrebleu"]["score"] if run.scores else math.nan
+    assert mine[0].get_height() == expected or (math.isnan(expected) and math.isnan(mine[0].get_height()))
+    assert ppl.containers[1][0].get_height() == pytest.approx(run.dev_ppl) and points[0]["label"].startswith(
+        toy_run.name
+    )
+    assert [bar.get_height() for bar in ppl.containers[0]][1:] == [row.ppl for row in TABLE3]
     result = CliRunner().invoke(app, ["report", str(toy_run), "-o", str(tmp_path / "rep.md")])
     assert result.exit_code == 0 and (tmp_path / "rep.png").read_bytes().startswith(PNG)

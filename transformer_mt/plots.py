@@ -136,17 +136,23 @@ def _bleu_panel(ax: Any, valid: list[dict[str, Any]], x: str, label: str) -> Non
 
 
 def report_figure(points: Sequence[dict[str, Any]], out: Path) -> Any:
-    """Table 3 as bars: the paper's dev BLEU and PPL per row, the matching run's beside it where there is one."""
+    """Table 3 as bars: the paper's dev BLEU and PPL per row, the matching run's beside it where there is one;
+    runs of no paper row first, with their own bars only."""
     fig = new_figure(13, 6)
     axes = fig.subplots(2, 1, sharex=True)
     x = np.arange(len(points))
     for ax, key, label in ((axes[0], "bleu", "BLEU (dev, paper BLEU)"), (axes[1], "ppl", "PPL (dev)")):
-        ax.bar(x - 0.2, [p[f"paper_{key}"] for p in points], 0.4, label="paper")
+        paper = [p[f"paper_{key}"] if p[f"paper_{key}"] is not None else np.nan for p in points]
+        ax.bar(x - 0.2, paper, 0.4, label="paper")
         mine = [p[key] if p[key] is not None else np.nan for p in points]
         ax.bar(x + 0.2, mine, 0.4, label="tmt")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     axes[1].set_xticks(x, [p["label"] for p in points], rotation=45, ha="right")
-    fig.suptitle("Table 3 (newstest2013): the paper and your runs; a missing tmt bar is a row not run", fontsize=10)
+    fig.suptitle(
+        "Your runs of no paper row (left), then Table 3 (newstest2013): the paper and your runs; a missing tmt bar "
+        "is a row not run",
+        fontsize=10,
+    )
     save_figure(fig, out)
     return fig

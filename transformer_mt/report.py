@@ -238,11 +238,11 @@ def report_markdown(runs: Sequence[Run]) -> str:
 
 
 def table3_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Per Table 3 row: its label, the paper's PPL and BLEU, and those of the first matching run (None if none).
-
-    What `transformer_mt.plots.report_figure` draws beside the tables.
+    """The chart's bars: first each run of no paper row (its first test set's sacreBLEU and its dev PPL, no paper
+    bar), then per Table 3 row its label, the paper's PPL and BLEU and those of the first matching run (None if
+    none). What `transformer_mt.plots.report_figure` draws beside the tables.
     """
-    points = []
+    points = [_own_point(run) for run in runs if match_table2(run.cfg) is None and match_table3(run.cfg) is None]
     for row in TABLE3:
         mine = next((run for run in runs if match_table3(run.cfg) is row), None)
         scores = None if mine is None else mine.scores.get(TABLE3_TESTSET)
@@ -252,6 +252,14 @@ def table3_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
             "bleu": None if scores is None else scores["paper_bleu"]["score"],
         })  # fmt: skip
     return points
+
+
+def _own_point(run: Run) -> dict[str, Any]:
+    """A run on one's own corpus: sacreBLEU of its first evaluated test set (by name), its dev PPL."""
+    name = min(run.scores, default=None)
+    label = f"{Path(run.path).name}" + (f" ({name}, sacreBLEU)" if name else " (not evaluated)")
+    bleu = None if name is None else run.scores[name]["sacrebleu"]["score"]
+    return {"label": label, "paper_ppl": None, "paper_bleu": None, "ppl": run.dev_ppl, "bleu": bleu}
 
 
 def write_report(runs: Sequence[Run], out: Path) -> str:
