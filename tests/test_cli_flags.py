@@ -76,3 +76,14 @@ def test_help_says_what_repeated_c_does(commands: dict[str, click.Command], name
     assert "--average (the default" in combine.help and "mean of their log-probabilities" in combine.help
     (checkpoint,) = [p for p in commands[name].params if "-c" in p.opts]
     assert "--ensemble" in checkpoint.help  # -c itself points at the choice
+
+
+@pytest.mark.parametrize("command", ["prepare", "train"])
+def test_the_resolved_config_prints_only_with_verbose(command: str, tmp_path: Path, monkeypatch) -> None:
+    """About 75 lines before every run, even before an error, buried what mattered; the run directory keeps it."""
+    monkeypatch.chdir(tmp_path)  # data.train of tmt:base.yaml is missing here: the command stops after loading
+    quiet = CliRunner().invoke(app, [command, "tmt:base.yaml"])
+    loud = CliRunner().invoke(app, [command, "tmt:base.yaml", "--verbose"])
+    assert quiet.exit_code == loud.exit_code == 2
+    assert "# resolved config" not in quiet.output and "d_model: 512" not in quiet.output
+    assert "# resolved config (tmt:base.yaml)" in loud.output and "  d_model: 512\n" in loud.output
