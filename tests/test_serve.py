@@ -303,6 +303,8 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
         assert [t["translation"] for t in found] == greedy
         r = client.post("/v1/attention", json={"text": lines[0]})
         assert r.status_code == 400 and "engine pytorch" in r.json()["error"]
+        r = client.post("/v1/translate", json={"sources": lines[:1], "alignment": "hard"})
+        assert r.status_code == 400 and "--alignment reads the attention of one tmt model" in r.json()["error"]
     assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged
 
 
@@ -327,6 +329,20 @@ def test_v1_samples_a_line_as_tmt_translate_does_whatever_shares_its_request(cli
     assert r.status_code == 400 and "topk:K (K >= 1" in r.json()["error"]
     r = client.post("/v1/translate", json={"sources": ["a"], "sample": "topk:3", "beam": 2})
     assert r.status_code == 400 and "takes no beam" in r.json()["error"]
+
+
+def test_v1_alignment_is_translate_alignments_per_hypothesis(client, translator: Translator, lines) -> None:
+    for kind in ("hard", "soft"):
+        expected = translator.with_decode([f"decode.alignment={kind}"]).translate_lines_nbest(lines[:3], nbest=2)
+        r = client.post("/v1/translate", json={"sources": lines[:3], "nbest": 2, "alignment": kind})
+        assert r.status_code == 200, r.text
+        got = r.json()["translations"]
+        assert [[h["alignment"] for h in t["nbest"]] for t in got] == [[h.alignment for h in e] for e in expected]
+        assert [t["alignment"] for t in got] == [e[0].alignment for e in expected] and got[0]["alignment"]
+    plain = client.post("/v1/translate", json={"sources": lines[:1]}).json()["translations"][0]
+    assert "alignment" not in plain and "alignment" not in plain["nbest"][0]  # asked for only
+    r = client.post("/v1/translate", json={"sources": ["a"], "alignment": "diagonal"})
+    assert r.status_code == 400 and r.json()["field"] == "alignment"
 
 
 def test_v1_prefixes_start_each_translation(client, translator: Translator, lines) -> None:

@@ -8,9 +8,10 @@ Two request shapes share one worker:
   translated line by line and joined again with '\\n', as a document.
 - ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
   optional ``beam``, ``nbest``, ``len_penalty``, for sampling ``sample``,
-  ``temperature``, ``seed``, and ``prefixes``, one forced target prefix per
-  source), answered with each line's translation, score and n-best list
-  (``nbest`` samples with ``sample``).
+  ``temperature``, ``seed``, ``prefixes``, one forced target prefix per
+  source, and ``alignment``, "hard" or "soft"), answered with each line's
+  translation, score and n-best list (``nbest`` samples with ``sample``),
+  each with its word alignment when asked (`transformer_mt.decode.align`).
 
 Every refusal is a `RequestError`: an HTTP status, a message a client can act
 on and the request field it is about (``None`` for the body as a whole).
@@ -203,11 +204,17 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
         overrides.append(f"decode.sampling={sample}")
     if "seed" in raw:
         overrides.append(f"decode.seed={_whole(raw, 'seed', 0, 0, SEED_MAX)}")
+    alignment = raw.get("alignment")
+    if alignment is not None:
+        if alignment not in ALIGNMENTS:
+            raise RequestError(400, f'\'alignment\' must be "hard" or "soft", got {alignment!r}', "alignment")
+        overrides.append(f"decode.alignment={alignment}")
     prefixes = _prefixes(raw, len(sources))
     return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes))
 
 
-V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes")
+V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes", "alignment")
+ALIGNMENTS = ("hard", "soft")  # decode.alignment's values besides "none"
 
 
 def _prefixes(raw: dict[str, Any], lines: int) -> list[str] | None:
@@ -235,17 +242,14 @@ def _whole(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> 
 
 
 def v1_response(results: list[list[Translation]]) -> dict[str, Any]:
-    """Per line: the translation, its length-normalized score, and the n-best list (best first)."""
-    return {
-        "translations": [
-            {
-                "translation": hyps[0].text,
-                "score": _number(hyps[0].score),
-                "nbest": [{"translation": h.text, "score": _number(h.score)} for h in hyps],
-            }
-            for hyps in results
-        ]
-    }
+    """Per line: the translation, its length-normalized score, and the n-best list (best first); each with its
+    ``alignment`` line (Pharaoh ``i-j`` pairs, or soft rows) when the request asked for one."""
+    return {"translations": [{**_hypothesis(hyps[0]), "nbest": [_hypothesis(h) for h in hyps]} for hyps in results]}
+
+
+def _hypothesis(h: Translation) -> dict[str, Any]:
+    found = {"translation": h.text, "score": _number(h.score)}
+    return found if h.alignment is None else {**found, "alignment": h.alignment}
 
 
 def _number(x: float) -> float | None:
