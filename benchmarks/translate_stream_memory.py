@@ -23,10 +23,8 @@ import argparse
 import dataclasses
 import itertools
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +35,9 @@ from transformer_mt.config import Config, load_config
 from transformer_mt.data.bpe import load_bpe, train_bpe
 from transformer_mt.data.clean import normalize
 from transformer_mt.model.transformer import Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from translate_memory import measure  # noqa: E402  (wall seconds and peak RSS of a command, as that benchmark)
 
 SHARED_TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k" / "train.en"
 
@@ -66,17 +67,6 @@ def repeated(text: Path, lines: int, path: Path) -> Path:
     with path.open("w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in itertools.islice(itertools.cycle(source), lines))
     return path
-
-
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, peak resident MiB) of ``cmd`` run to its end."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return wall, usage.ru_maxrss / 1024
 
 
 def main() -> None:
