@@ -228,3 +228,16 @@ def test_a_closed_stdout_is_one_line(toy_ckpt: Path, tmp_path: Path) -> None:
     result = subprocess.run(["bash", "-c", cmd], capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120)
     assert result.returncode == 2 and "standard output is closed" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_reader_that_stops_early_ends_translate_quietly_with_141(toy_ckpt: Path, tmp_path: Path) -> None:
+    """`tmt translate | head -1` (here `| true`, gone before the first line is written): the shell's status for
+    a tool stopped by a closed pipe, no message, no traceback, and no translating on for nobody."""
+    text = tmp_path / "in.en"
+    text.write_text("a b c\n" * 50)
+    cmd = f"{sys.executable} -m transformer_mt translate -c {toy_ckpt} -i {text} --window-lines 5 | true"
+    result = subprocess.run(
+        ["bash", "-c", f"{cmd}; exit ${{PIPESTATUS[0]}}"], stderr=subprocess.PIPE, text=True, timeout=120
+    )
+    assert result.returncode == 141, result.stderr
+    assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr

@@ -38,11 +38,31 @@ class Commands(TyperGroup):
         except UserError as err:
             typer.secho(f"error: {' '.join(str(err).split())}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+        except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop quietly, as a shell tool does
+            quiet_stdout()
+            raise typer.Exit(BROKEN_PIPE) from None
         except OSError as err:  # a path of the user's (below a file, not writable, a full disk): theirs to fix
             if err.filename is None:
                 raise
             typer.secho(f"error: {os_error_message(err)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+
+
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool stopped by a closed pipe
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the exit's flush of what is still buffered fails no more (Python's
+    recipe for SIGPIPE); the reader is gone, nothing more can reach it."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, AttributeError, ValueError):  # stdout closed or not a real file: nothing is left to flush
+        pass
 
 
 def os_error_message(err: OSError) -> str:
