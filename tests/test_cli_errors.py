@@ -241,3 +241,13 @@ def test_a_reader_that_stops_early_ends_translate_quietly_with_141(toy_ckpt: Pat
     )
     assert result.returncode == 141, result.stderr
     assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero, a file of no line end")
+def test_translate_of_a_file_without_line_ends_is_one_line(toy_ckpt: Path, tmp_path: Path) -> None:
+    """-i /dev/zero: refused at the first 1 MiB of its first line, naming it, nothing written to -o."""
+    out = tmp_path / "out.de"
+    assert_user_error(
+        tmt("translate", "-c", str(toy_ckpt), "-i", "/dev/zero", "-o", str(out)), "/dev/zero, line 1: longer than"
+    )
+    assert list(tmp_path.iterdir()) == []

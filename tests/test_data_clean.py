@@ -59,3 +59,15 @@ def test_read_lines_strips_crlf(tmp_path):
     path = tmp_path / "crlf.en"
     path.write_bytes(b"a\r\nb")
     assert list(read_lines(path)) == ["a", "b"]
+
+
+def test_read_lines_bounds_a_line_and_names_it(tmp_path):
+    """A file without line ends (/dev/zero, a binary file) is refused at MAX_LINE_BYTES, not read into memory."""
+    from transformer_mt.data.clean import MAX_LINE_BYTES
+
+    path = tmp_path / "long.en"
+    path.write_bytes(b"ok\n" + b"x" * MAX_LINE_BYTES + b"\r\n" + b"y" * (MAX_LINE_BYTES + 1) + b"\n")
+    lines = read_lines(path)
+    assert next(lines) == "ok" and len(next(lines)) == MAX_LINE_BYTES
+    with pytest.raises(InputError, match=r"long\.en, line 3: longer than 1 MiB"):
+        next(lines)

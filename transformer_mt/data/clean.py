@@ -57,22 +57,38 @@ class InputError(UserError):
     """An input file that cannot be read as UTF-8 text; the message names file and line."""
 
 
+MAX_LINE_BYTES = 1 << 20  # one line of text, its end excluded: far past any sentence, yet a bound on memory
+
+
 def read_lines(path: str | Path, stream: BinaryIO | None = None) -> Iterator[str]:
     """Yield the lines of ``path`` (or of the byte ``stream``, called ``path`` in errors), decoded as strict UTF-8.
 
     Lines end at b"\\n" only, never at the Unicode separators (U+2028,
     U+0085, \\x1c-\\x1e ...) that ``str.splitlines`` also splits on; the line
     end, CRLF included, is stripped. Decoding line by line gives the 1-based
-    line number of a bad byte, which a whole-file decoder cannot.
+    line number of a bad byte, which a whole-file decoder cannot. A line is
+    read at most `MAX_LINE_BYTES` at a time: a file with no line ends (a
+    binary file, /dev/zero) is refused at that length instead of filling memory.
     """
     with open(path, "rb") if stream is None else contextlib.nullcontext(stream) as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
+        number = 0
+        while raw := f.readline(MAX_LINE_BYTES + 2):  # room for the line's own b"\r\n"
+            number += 1
+            if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
                 raise InputError(
-                    f"{path}, line {number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
-                    "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove the line "
-                    "(from both sides of a parallel corpus)"
-                ) from None
-            yield line.rstrip("\r\n")
+                    f"{path}, line {number}: longer than {MAX_LINE_BYTES >> 20} MiB, past any sentence; give a "
+                    "text file of one sentence per line (is it a binary file, or one without line ends?)"
+                )
+            yield _decode(raw, path, number).rstrip("\r\n")
+
+
+def _decode(raw: bytes, path: str | Path, number: int) -> str:
+    """``raw`` as strict UTF-8; a bad byte is an InputError naming the file, line and column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{path}, line {number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+            "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove the line "
+            "(from both sides of a parallel corpus)"
+        ) from None
