@@ -251,3 +251,9 @@ def test_translate_of_a_file_without_line_ends_is_one_line(toy_ckpt: Path, tmp_p
         tmt("translate", "-c", str(toy_ckpt), "-i", "/dev/zero", "-o", str(out)), "/dev/zero, line 1: longer than"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_translate_refuses_a_position_table_past_memory(toy_ckpt: Path) -> None:
+    """--set model.max_positions=10^8 was a traceback allocating a 51 GB table; now config.validate's bound."""
+    out = invoke("translate", "-c", str(toy_ckpt), "--set", "model.max_positions=100000000", stdin="a\n")
+    assert "model.max_positions must be at most 65536, got 100000000" in out

@@ -221,6 +221,9 @@ def test_a_missing_base_names_the_file_whose_base_line_is_wrong(tmp_path):
         ("decode.max_len_a=-0.5", r"decode\.max_len_a must be 0 or more"),
         ("decode.max_len_b=-1", r"decode\.max_len_b must be 0 or more"),
         ("decode.no_repeat_ngram=-2", r"decode\.no_repeat_ngram must be 0 \(off, the paper\) or an n-gram size"),
+        ("model.max_positions=100000000", r"model\.max_positions must be at most 65536, got 100000000"),  # 51 GB
+        ("decode.beam_size=1000000", r"decode\.beam_size must be at most 1000"),
+        ("bpe.vocab_size=10000000000", r"bpe\.vocab_size must be at most"),
     ],
 )
 def test_values_that_would_train_or_decode_wrongly_are_refused(override, message):
@@ -301,3 +304,34 @@ def test_paper_configs_keep_every_deviation_off(name):
     assert (t.compile, t.pad_to_multiple) == (False, 0)  # speed keys, named and off: the paper's own shapes
     assert (d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_b, d.quantize) == (4, 0.6, "gnmt", 50, "none")
     assert d.no_repeat_ngram == 0  # the paper's search may repeat itself
+
+
+def _bomb(levels: int) -> str:
+    """A YAML list of 10^levels values in a few hundred bytes: each anchor holds ten aliases of the one before."""
+    names = "abcdefgh"[: levels + 1]
+    nested = [f"&{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip(names, names[1:], strict=False)]
+    return "[" + ", ".join([f"&a [{', '.join(['lol'] * 10)}]", *nested]) + "]"
+
+
+_BOMB = _bomb(6)
+
+
+def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"bomb\.yaml: the values expand to more than 100000") as err:
+        load_config(_yaml(tmp_path / "bomb.yaml", f"model:\n  heads: {_BOMB}\n"))
+    assert len(str(err.value)) < 300
+    with pytest.raises(ConfigError, match=r"--set model\.heads: the values expand"):
+        load_config(None, [f"model.heads={_BOMB}"])
+
+
+def test_a_value_in_a_message_is_cut_to_a_line(tmp_path):
+    """A small bomb (below the bound) or a long string for a number: the message shows the start of it only."""
+    small = _bomb(3)
+    with pytest.raises(ConfigError, match=r"key 'model\.heads': expected an integer, got \[\['lol'") as err:
+        load_config(_yaml(tmp_path / "small.yaml", f"model:\n  heads: {small}\n"))
+    assert len(str(err.value)) < 200
+    with pytest.raises(ConfigError, match=r"expected an integer, got 'xxx") as err:
+        load_config(None, ["model.heads=" + "x" * 100_000])
+    assert len(str(err.value)) < 300
+    with pytest.raises(ConfigError, match=r"nested too deeply"):
+        load_config(_yaml(tmp_path / "deep.yaml", "model:\n  heads: " + "[" * 5000 + "]" * 5000 + "\n"))

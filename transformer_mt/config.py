@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, shown
 from transformer_mt.files import atomic_write_text
 
 
@@ -227,28 +227,28 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+            raise ConfigError(f"{where}: {shown(value)} is not one of {', '.join(map(repr, choices))}")
         return value
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {shown(value)}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {shown(value)}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {shown(value)}")
     if hint is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {shown(value)}")
     raise ConfigError(f"{where}: unsupported type {hint}")
 
 
@@ -259,7 +259,7 @@ def _merge_section(section: Any, values: Any, name: str, origin: str) -> Any:
     changes = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"{origin}: unknown key '{name}.{key}'{_nearest(key, list(hints))}")
+            raise ConfigError(f"{origin}: unknown key {shown(f'{name}.{key}')}{_nearest(str(key), list(hints))}")
         changes[key] = _coerce(value, hints[key], f"{origin}: key '{name}.{key}'")
     return dataclasses.replace(section, **changes)
 
@@ -267,7 +267,7 @@ def _merge_section(section: Any, values: Any, name: str, origin: str) -> Any:
 def _apply(cfg: Config, raw: dict[str, Any], origin: str) -> Config:
     for name, values in raw.items():
         if name not in _SECTION_TYPES:
-            raise ConfigError(f"{origin}: unknown section '{name}'{_nearest(name, list(_SECTION_TYPES))}")
+            raise ConfigError(f"{origin}: unknown section {shown(name)}{_nearest(str(name), list(_SECTION_TYPES))}")
         merged = _merge_section(getattr(cfg, name), values or {}, name, origin)
         cfg = dataclasses.replace(cfg, **{name: merged})
     return cfg
@@ -332,8 +332,13 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any]
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: values nested too deeply (hundreds of [ or {{); a config is sections of keys"
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    check_expansion(raw, str(path))
     layers: list[tuple[dict[str, Any], str]] = []
     base = raw.pop("base", None)
     if base is not None:
@@ -342,6 +347,34 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any]
             raise _missing_base(str(base), base_path, path)
         layers = _read_yaml(base_path, chain + (path.resolve(),))
     return layers + [(raw, _origin(path))]
+
+
+YAML_VALUES_MAX = 100_000  # values in a config once its aliases are expanded; a whole config holds a few hundred
+
+
+def check_expansion(raw: Any, origin: str) -> None:
+    """Refuse a value whose aliases expand past `YAML_VALUES_MAX` values (a "billion laughs" of a few hundred
+    bytes): walking or printing it whole would take the machine's memory. Counted on the shared nodes, at once."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (list, dict)):
+            return 1
+        if id(node) not in sizes:
+            sizes[id(node)] = 0  # a node that holds itself counts once
+            children = list(node.values()) if isinstance(node, dict) else node
+            sizes[id(node)] = min(YAML_VALUES_MAX + 1, 1 + sum(size(child) for child in children))
+        return sizes[id(node)]
+
+    try:
+        total = size(raw)
+    except RecursionError:
+        raise ConfigError(f"{origin}: values nested too deeply; a config is sections of keys to values") from None
+    if total > YAML_VALUES_MAX:
+        raise ConfigError(
+            f"{origin}: the values expand to more than {YAML_VALUES_MAX} through YAML aliases (*name); "
+            "write the values out, a config holds a few hundred"
+        )
 
 
 def _origin(path: Path) -> str:
@@ -358,13 +391,14 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         key = text.split("=", 1)[0].strip()
         owners = [name for name, kind in _SECTION_TYPES.items() if key in {f.name for f in dataclasses.fields(kind)}]
         hint = f"did you mean --set {owners[0]}.{text}?" if owners else "for example --set train.max_updates=2000"
-        raise ConfigError(f"--set {text!r}: expected section.key=value; {hint}")
+        raise ConfigError(f"--set {shown(text)}: expected section.key=value; {hint}")
     dotted, value = text.split("=", 1)
     section, key = dotted.split(".", 1)
     try:
         parsed = yaml.safe_load(value) if value != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         parsed = value
+    check_expansion(parsed, f"--set {dotted}")
     return section, key, parsed
 
 
@@ -383,11 +417,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def apply_override(cfg: Config, text: str) -> Config:
     """``cfg`` with one ``section.key=value`` applied and type-checked (not yet cross-validated)."""
     section, key, value = parse_override(text)
-    return _apply(cfg, {section: {key: value}}, f"--set {text}")
+    return _apply(cfg, {section: {key: value}}, f"--set {text if len(text) <= 80 else text[:77] + '...'}")
 
 
 def config_from_dict(raw: dict[str, Any], origin: str = "checkpoint") -> Config:
     """Rebuild a Config saved with ``Config.to_dict`` (e.g. inside a checkpoint)."""
+    check_expansion(raw, origin)
     cfg = _apply(Config(), raw, origin)
     validate(cfg)
     return cfg
@@ -396,29 +431,8 @@ def config_from_dict(raw: dict[str, Any], origin: str = "checkpoint") -> Config:
 def validate(cfg: Config) -> None:
     """Checks across keys that no single type can express."""
     _validate_data(cfg.data)
+    _validate_sizes(cfg)
     m = cfg.model
-    positive = {
-        "model.d_model": m.d_model,
-        "model.d_ff": m.d_ff,
-        "model.heads": m.heads,
-        "model.encoder_layers": m.encoder_layers,
-        "model.decoder_layers": m.decoder_layers,
-        "model.max_positions": m.max_positions,
-        "bpe.vocab_size": cfg.bpe.vocab_size,
-        "train.max_tokens": cfg.train.max_tokens,
-        "train.update_freq": cfg.train.update_freq,
-        "decode.beam_size": cfg.decode.beam_size,
-        "decode.batch_tokens": cfg.decode.batch_tokens,
-        "decode.nbest": cfg.decode.nbest,
-        "train.warmup": cfg.train.warmup,
-        "train.log_every": cfg.train.log_every,
-        "train.keep_last": cfg.train.keep_last,
-        "train.average_last": cfg.train.average_last,
-        "train.max_nonfinite": cfg.train.max_nonfinite,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
     if m.d_model % m.heads:
         raise ConfigError(
             f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads}); "
@@ -458,6 +472,48 @@ def validate(cfg: Config) -> None:
     if cfg.train.max_updates <= 0 and cfg.train.max_epochs <= 0 and cfg.train.max_minutes <= 0:
         raise ConfigError("training would never stop: set train.max_updates, train.max_epochs or train.max_minutes")
     _validate_validation(cfg.train)
+
+
+SIZE_MAX = {
+    "model.d_model": 1 << 16,
+    "model.d_ff": 1 << 18,
+    "model.heads": 1 << 10,
+    "model.encoder_layers": 1000,
+    "model.decoder_layers": 1000,
+    "model.max_positions": 1 << 16,
+    "bpe.vocab_size": 1 << 20,
+    "decode.beam_size": 1000,
+    "decode.nbest": 1000,
+}  # far past any model of the paper's kind: a larger value is a typo, and would allocate until memory runs out
+
+
+def _validate_sizes(cfg: Config) -> None:
+    """Counts and sizes that must be positive, and those that allocate memory in proportion to themselves."""
+    m = cfg.model
+    positive = {
+        "model.d_model": m.d_model,
+        "model.d_ff": m.d_ff,
+        "model.heads": m.heads,
+        "model.encoder_layers": m.encoder_layers,
+        "model.decoder_layers": m.decoder_layers,
+        "model.max_positions": m.max_positions,
+        "bpe.vocab_size": cfg.bpe.vocab_size,
+        "train.max_tokens": cfg.train.max_tokens,
+        "train.update_freq": cfg.train.update_freq,
+        "decode.beam_size": cfg.decode.beam_size,
+        "decode.batch_tokens": cfg.decode.batch_tokens,
+        "decode.nbest": cfg.decode.nbest,
+        "train.warmup": cfg.train.warmup,
+        "train.log_every": cfg.train.log_every,
+        "train.keep_last": cfg.train.keep_last,
+        "train.average_last": cfg.train.average_last,
+        "train.max_nonfinite": cfg.train.max_nonfinite,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+        if value > SIZE_MAX.get(key, value):
+            raise ConfigError(f"{key} must be at most {SIZE_MAX[key]}, got {value}")
 
 
 BUDGET_MAX = 10**12  # updates or epochs: a larger count is a typo, and past what a step counter should hold

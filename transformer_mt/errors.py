@@ -10,6 +10,29 @@ traceback; any other exception is a bug in tmt and keeps its traceback.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class UserError(Exception):
     """A mistake the user can fix; the message names the file, line, key or flag at fault and the fix."""
+
+
+def shown(value: object, width: int = 60) -> str:
+    """``repr(value)`` for a message, cut to ``width`` characters: a message stays one line, whatever the value.
+
+    A value a user or a file gave may be any size (a YAML alias bomb, a
+    crafted checkpoint); `reprlib` cuts containers and strings as it goes,
+    so a huge or deeply shared value is never rendered whole, not even in memory.
+    """
+    text = _REPR.repr(value).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _make_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 2, 4, 4, 4, 4
+    short.maxstring = short.maxother = short.maxlong = 60
+    return short
+
+
+_REPR = _make_repr()
