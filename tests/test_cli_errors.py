@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from transformer_mt import attention_maps, checkpoint, config, evaluate, export, plots, runs
 from transformer_mt.cli import app
 from transformer_mt.config import Config
-from transformer_mt.data import bpe, clean, download_files, prepare, testsets
+from transformer_mt.data import bpe, clean, dataset, download_files, prepare, testsets
 from transformer_mt.decode import ctranslate2_engine, translate
 from transformer_mt.errors import UserError
-from transformer_mt.model import quantize
-from transformer_mt.train import average, step
+from transformer_mt.model import positions, quantize
+from transformer_mt.train import average, distributed, step
 from transformer_mt.train.trainer import train_model
 
 
@@ -60,6 +60,7 @@ def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> str
         translate.TranslateError, checkpoint.CheckpointError, download_files.DownloadError, clean.InputError,
         bpe.BpeError, testsets.TestsetError, runs.RunError, export.ExportError, quantize.QuantizeError,
         plots.PlotError, attention_maps.AttentionError, ctranslate2_engine.CTranslate2Error,
+        dataset.DatasetError, distributed.DistributedError, positions.PositionError,
     ],
 )  # fmt: skip
 def test_every_stage_error_is_a_user_error(error: type[Exception]) -> None:
@@ -257,3 +258,9 @@ def test_translate_refuses_a_position_table_past_memory(toy_ckpt: Path) -> None:
     """--set model.max_positions=10^8 was a traceback allocating a 51 GB table; now config.validate's bound."""
     out = invoke("translate", "-c", str(toy_ckpt), "--set", "model.max_positions=100000000", stdin="a\n")
     assert "model.max_positions must be at most 65536, got 100000000" in out
+
+
+def test_a_torchrun_variable_not_an_integer_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(distributed.DistributedError, match=r"WORLD_SIZE='two' is not an integer"):
+        distributed.setup("cpu")

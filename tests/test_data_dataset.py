@@ -8,7 +8,7 @@ import torch
 
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.bpe import BOS, EOS, PAD
-from transformer_mt.data.dataset import ParallelDataset, collate
+from transformer_mt.data.dataset import DatasetError, ParallelDataset, collate
 
 
 @pytest.fixture(scope="module")
@@ -52,5 +52,17 @@ def test_empty_batch_holds_no_tokens(train):
 
 
 def test_missing_split_says_to_prepare(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tmt prepare"):
+    with pytest.raises(DatasetError, match="tmt prepare"):
+        ParallelDataset(tmp_path, "train", "en", "de")
+
+
+def test_sides_of_two_lengths_or_a_damaged_side_are_user_errors(tmp_path):
+    """A UserError naming the directory and `tmt prepare --force`, not a ValueError from numpy."""
+    for lang, sentences in (("en", 2), ("de", 1)):
+        np.save(tmp_path / f"train.{lang}.ids.npy", np.arange(sentences, dtype=np.int32))
+        np.save(tmp_path / f"train.{lang}.offsets.npy", np.arange(sentences + 1, dtype=np.int64))
+    with pytest.raises(DatasetError, match=r"train\.en has 2 sentences but train\.de has 1; run `tmt prepare"):
+        ParallelDataset(tmp_path, "train", "en", "de")
+    (tmp_path / "train.de.offsets.npy").write_bytes(b"not numpy")
+    with pytest.raises(DatasetError, match=r"train\.de cannot be read .*tmt prepare CONFIG --force"):
         ParallelDataset(tmp_path, "train", "en", "de")

@@ -20,7 +20,7 @@ from transformer_mt.model.attention import (
     group_queries,
     ungroup,
 )
-from transformer_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_positions
+from transformer_mt.model.positions import LearnedPositions, PositionError, SinusoidalPositions, sinusoidal_positions
 from transformer_mt.model.transformer import (
     EncoderOut,
     FeedForward,
@@ -71,7 +71,7 @@ def test_position_modules_offset_and_limit() -> None:
     learned = LearnedPositions(10, 8)
     assert torch.equal(learned(2, offset=8), learned.weight[8:10])
     for module in (sin, learned):
-        with pytest.raises(ValueError, match=r"11 positions.*model\.max_positions is 10"):
+        with pytest.raises(PositionError, match=r"11 positions.*model\.max_positions is 10"):
             module(3, offset=8)
 
 
@@ -727,12 +727,12 @@ def test_dropout_is_active_in_training_only() -> None:
 
 def test_sequences_longer_than_max_positions_are_refused() -> None:
     model = make_model(max_positions=8)
-    with pytest.raises(ValueError, match=r"9 positions.*model\.max_positions is 8"):
+    with pytest.raises(PositionError, match=r"9 positions.*model\.max_positions is 8"):
         model.encode(tokens([9], seed=1))
     enc = model.encode(tokens([4], seed=1))
     cache = model.init_cache(enc)
     model.decode(tokens([8], seed=2), enc, cache)
-    with pytest.raises(ValueError, match=r"9 positions.*model\.max_positions"):
+    with pytest.raises(PositionError, match=r"9 positions.*model\.max_positions"):
         model.decode(tokens([1], seed=3), enc, cache)
 
 

@@ -16,6 +16,11 @@ import numpy as np
 import torch
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
+from transformer_mt.errors import UserError
+
+
+class DatasetError(UserError):
+    """Prepared data that does not hold together; the message names the directory and `tmt prepare --force`."""
 
 
 def split_paths(data_dir: str | Path, split: str, lang: str) -> tuple[Path, Path]:
@@ -38,7 +43,7 @@ class ParallelDataset:
         self._src_ids, self._src_off = _open_side(self.data_dir, split, src_lang)
         self._tgt_ids, self._tgt_off = _open_side(self.data_dir, split, tgt_lang)
         if len(self._src_off) != len(self._tgt_off):
-            raise ValueError(
+            raise DatasetError(
                 f"{self.data_dir}: {split}.{src_lang} has {len(self._src_off) - 1} sentences but "
                 f"{split}.{tgt_lang} has {len(self._tgt_off) - 1}; run `tmt prepare --force`"
             )
@@ -61,9 +66,14 @@ def _open_side(data_dir: Path, split: str, lang: str) -> tuple[np.ndarray, np.nd
     ids_path, off_path = split_paths(data_dir, split, lang)
     for path in (ids_path, off_path):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing; run `tmt prepare CONFIG` to write data.dir")
-    offsets = np.load(off_path)
-    ids = np.load(ids_path, mmap_mode="r") if offsets[-1] > 0 else np.load(ids_path)
+            raise DatasetError(f"{path} is missing; run `tmt prepare CONFIG` to write data.dir")
+    try:
+        offsets = np.load(off_path)
+        ids = np.load(ids_path, mmap_mode="r") if offsets[-1] > 0 else np.load(ids_path)
+    except (ValueError, OSError, EOFError, IndexError) as err:  # truncated, not .npy, or no offsets at all
+        raise DatasetError(
+            f"{off_path.parent}: {split}.{lang} cannot be read ({err}); run `tmt prepare CONFIG --force`"
+        ) from None
     return ids, offsets
 
 

@@ -12,6 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.errors import UserError
+
+
+class PositionError(UserError):
+    """A sequence longer than the position table; the message names model.max_positions and the fixes."""
+
 
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     """The paper's positional encodings for positions 0 .. length-1, shape (length, d_model), float32.
@@ -33,7 +39,7 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
 def check_length(end: int, max_positions: int) -> None:
     """Refuse positions past the table: a clear error instead of an index error deep inside."""
     if end > max_positions:
-        raise ValueError(
+        raise PositionError(
             f"sequence needs {end} positions but model.max_positions is {max_positions}; "
             f"shorten or filter the input (data.max_len, decode.max_len_a/max_len_b) or raise "
             f"model.max_positions (sinusoidal positions can be raised for a trained checkpoint with "

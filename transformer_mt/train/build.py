@@ -25,7 +25,7 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.run_files import batching_key, dropout_seed
 from transformer_mt.train.schedule import build_optimizer
-from transformer_mt.train.step import Stepper, TrainError, resolve_precision
+from transformer_mt.train.step import Stepper, resolve_precision
 
 
 def max_sentence_len(cfg: Config) -> int:
@@ -50,11 +50,8 @@ class RunData:
 def load_run_data(cfg: Config, env: DistEnv) -> RunData:
     """Open ``data.dir`` (prepared by rank 0 when needed, `prepare_on_rank0`) memory-mapped."""
     data_dir = prepare_on_rank0(cfg, env)
-    try:
-        train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
-        valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
-    except (FileNotFoundError, ValueError) as err:  # the messages say which file and to run `tmt prepare`
-        raise TrainError(str(err)) from None
+    train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
+    valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
     spm_path = data_dir / "spm.model"
     max_len = max_sentence_len(cfg)
     return RunData(

@@ -17,6 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from transformer_mt.errors import UserError
+
+
+class DistributedError(UserError):
+    """A launch setting for several processes that cannot work; the message names the variable or flag."""
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -40,7 +46,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise RuntimeError(
+        raise DistributedError(
             f"environment variable {name}={value!r} is not an integer; is torchrun setting it?"
         ) from None
 
@@ -122,5 +128,5 @@ def launch_torchrun(nproc: int, args: list[str]) -> int:
     with ``--nnodes`` and a rendezvous endpoint (docs/training.md).
     """
     if nproc < 1:
-        raise ValueError(f"--nproc-per-node must be at least 1, got {nproc}")
+        raise DistributedError(f"--nproc-per-node must be at least 1, got {nproc}")
     return subprocess.call(torchrun_command(nproc, args))
