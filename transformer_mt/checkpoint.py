@@ -22,7 +22,10 @@ import dataclasses
 import math
 import pickle
 import re
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,11 +218,43 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Write a stored dict (`to_state`) to ``path`` atomically; tools and tests that craft files use it directly."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with _interrupts_seen() as seen:
+        try:
+            with atomic_open(path) as f:
+                torch.save(state, f)
+        except Exception as err:
+            if seen:  # torch's writer turns a Ctrl-C inside it into its own RuntimeError: no disk was at fault
+                raise KeyboardInterrupt from None
+            raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
+
+
+@contextmanager
+def _interrupts_seen() -> Iterator[list[int]]:
+    """Note each SIGINT (and raise KeyboardInterrupt as Python does) while the block runs.
+
+    A KeyboardInterrupt raised inside torch.save's file writes reaches the
+    caller as a RuntimeError about the zip stream, which reads as a disk
+    failure; the note tells them apart. Only where Python's own handler is
+    in place (the main thread, SIGINT not ignored or taken by someone else).
+    """
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        yield seen
+        return
+
+    def note(signum: int, frame: object) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
     try:
-        with atomic_open(path) as f:
-            torch.save(state, f)
-    except Exception as err:
-        raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from transformer_mt.config import Config, load_config
-from transformer_mt.errors import UserError
+from transformer_mt.errors import Interrupted, UserError
 from transformer_mt.malloc import keep_freed_memory
 
 EMPTY_TRANSLATION = "(empty: the model ends the sentence at once; --target draws a translation of your own)"
@@ -38,6 +38,12 @@ class Commands(TyperGroup):
         except UserError as err:
             typer.secho(f"error: {' '.join(str(err).split())}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+        except Interrupted as err:  # Ctrl-C where the work can say what it kept (training: the newest checkpoint)
+            typer.secho(" ".join(str(err).split()), err=True)
+            raise typer.Exit(INTERRUPTED) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", err=True)
+            raise typer.Exit(INTERRUPTED) from None
         except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop quietly, as a shell tool does
             quiet_stdout()
             raise typer.Exit(BROKEN_PIPE) from None
@@ -48,6 +54,7 @@ class Commands(TyperGroup):
             raise typer.Exit(2) from None
 
 
+INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool stopped by a closed pipe
 
 

@@ -36,3 +36,11 @@ def _make_repr() -> reprlib.Repr:
 
 
 _REPR = _make_repr()
+
+
+class Interrupted(Exception):
+    """Ctrl-C, told apart from any failure: the message says where the work stopped and what was kept.
+
+    Not a `UserError`: nothing was wrong. The command line prints the message
+    on one line and exits with status 130, the shell's status for SIGINT.
+    """
