@@ -264,3 +264,21 @@ def test_a_torchrun_variable_not_an_integer_is_one_line(monkeypatch: pytest.Monk
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(distributed.DistributedError, match=r"WORLD_SIZE='two' is not an integer"):
         distributed.setup("cpu")
+
+
+@pytest.mark.parametrize(
+    "error", [torch.OutOfMemoryError("CUDA out of memory"), MemoryError(), RuntimeError("can't allocate memory")]
+)
+def test_out_of_memory_while_translating_suggests_smaller_batches(
+    toy_ckpt: Path, tmp_path: Path, error: BaseException, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(translate.Translator, "search", explode)
+    out = tmp_path / "out.de"
+    src = tmp_path / "in.en"
+    src.write_text("a b c\n")
+    text = invoke("translate", "-c", str(toy_ckpt), "-i", str(src), "-o", str(out), "--batch-tokens", "600")
+    assert "out of memory translating a batch of 1 sentences" in text and "try --batch-tokens 300" in text
+    assert not out.exists() and list(tmp_path.iterdir()) == [src]

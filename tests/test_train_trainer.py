@@ -709,3 +709,18 @@ def test_the_wall_clock_budget_counts_the_minutes_before_a_resume(prepared_toy, 
     assert {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")} == files  # nothing written or rotated
     result = train_model(_cfg(prepared_toy, run, max_updates=3, max_minutes=31, validate_every=100))
     assert result.update == 3  # a higher budget continues the run
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"), MemoryError()])
+def test_out_of_memory_while_validating_is_the_same_advice(prepared_toy, error, monkeypatch):
+    from transformer_mt.data.dataset import ParallelDataset
+    from transformer_mt.train import validation
+
+    def explode(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(validation, "forward_loss", explode)
+    ds = ParallelDataset(prepared_toy.data.dir, "valid", prepared_toy.data.src_lang, prepared_toy.data.tgt_lang)
+    env = DistEnv(0, 1, 0, torch.device("cpu"), True)
+    with pytest.raises(TrainError, match=r"out of memory validating on a batch of src .*train\.max_tokens=256"):
+        validation.validate(torch.nn.Linear(1, 1), ds, prepared_toy, env, "fp32")

@@ -11,6 +11,8 @@ traceback; any other exception is a bug in tmt and keeps its traceback.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -44,3 +46,23 @@ class Interrupted(Exception):
     Not a `UserError`: nothing was wrong. The command line prints the message
     on one line and exits with status 130, the shell's status for SIGINT.
     """
+
+
+@contextmanager
+def out_of_memory(message: Callable[[], str], error: type[UserError] = UserError) -> Iterator[None]:
+    """Running out of memory in the block (a GPU's ``torch.OutOfMemoryError``, the host's ``MemoryError`` or
+    torch's CPU allocator failing) is ``error(message())``: a setting too large for this machine, not a bug.
+
+    ``message`` names the batch and the setting to lower (training: train.max_tokens; decoding: --batch-tokens).
+    The failed batch's tensors are released with the traceback.
+    """
+    import torch
+
+    try:
+        yield
+    except (torch.OutOfMemoryError, MemoryError):
+        raise error(message()) from None
+    except RuntimeError as err:
+        if "can't allocate memory" not in str(err):
+            raise
+        raise error(message()) from None

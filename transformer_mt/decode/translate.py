@@ -24,6 +24,7 @@ import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import sentencepiece as spm
@@ -47,7 +48,7 @@ from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import Hypothesis, beam_search, max_output_lengths, pad_batch
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, out_of_memory
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.malloc import release_free_memory
 from transformer_mt.model.transformer import Transformer
@@ -283,11 +284,21 @@ class Translator:
             )
         return ids
 
+    def _oom_message(self, sources: list[list[int]]) -> str:
+        """The decoding batch that did not fit, and half its --batch-tokens (the output is the same, only slower)."""
+        tokens = self.cfg.decode.batch_tokens
+        return (
+            f"out of memory translating a batch of {len(sources)} sentences of up to {max(map(len, sources))} "
+            f"tokens (decode.batch_tokens={tokens}); try --batch-tokens {max(tokens // 2, 1)}: the same "
+            "translations, in smaller batches"
+        )
+
     def _translate_batch(
         self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
     ) -> list[list[Translation]]:
-        found = self.search(sources, nbest, prefixes)
-        aligned = self._alignments(sources, found)
+        with out_of_memory(lambda: self._oom_message(sources), TranslateError):
+            found = self.search(sources, nbest, prefixes)
+            aligned = self._alignments(sources, found)
         empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results = []
         for hyps, lines in zip(found, aligned, strict=True):
@@ -325,7 +336,10 @@ class Translator:
                 for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
                     sources = [ids[i] for i in batch]
                     if constrained:
-                        found = self._constrained_search(sources, [phrases[i] for i in batch], nbest, continues_word)
+                        with out_of_memory(partial(self._oom_message, sources), TranslateError):
+                            found = self._constrained_search(
+                                sources, [phrases[i] for i in batch], nbest, continues_word
+                            )
                         texts = [self._texts(hyps, nbest) for hyps in found]
                     else:
                         texts = self._translate_batch(sources, nbest)

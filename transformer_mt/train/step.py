@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, out_of_memory
 from transformer_mt.train.distributed import DistEnv, all_reduce_, all_reduce_sum
 from transformer_mt.train.loss import label_smoothed_cross_entropy
 from transformer_mt.train.schedule import set_lr
@@ -136,10 +137,11 @@ def filler_batch(device: torch.device) -> Batch:
     return Batch(one, torch.tensor([[BOS]], device=device), one.clone())
 
 
-def _oom_message(batch: Batch, max_tokens: int, update_freq: int) -> str:
+def oom_message(batch: Batch, max_tokens: int, update_freq: int, doing: str = "") -> str:
+    """Training's advice when a batch does not fit: half the tokens per batch, twice the batches per update."""
     smaller = max(max_tokens // 2, 1)
     return (
-        f"out of memory on a batch of src {tuple(batch.src.shape)}, tgt {tuple(batch.tgt_out.shape)} "
+        f"out of memory{doing} on a batch of src {tuple(batch.src.shape)}, tgt {tuple(batch.tgt_out.shape)} "
         f"(train.max_tokens={max_tokens}); try --set train.max_tokens={smaller} "
         f"--set train.update_freq={update_freq * 2} (same tokens per update, half the memory per batch)"
     )
@@ -167,13 +169,11 @@ def accumulate_gradients(step: Stepper, batches: list[Batch | None]) -> UpdateSt
         empty = batch is None or len(batch) == 0
         batch = filler_batch(env.device) if empty else batch.to(env.device, non_blocking=True)
         sync = i == len(batches) - 1 or not isinstance(step.model, DDP)
-        with contextlib.nullcontext() if sync else step.model.no_sync():
-            try:
-                loss, nll = forward_loss(step.model, batch, step.precision, step.label_smoothing)
-                weight = 0.0 if empty else norm
-                step.scaler.scale(loss * weight).backward()
-            except torch.OutOfMemoryError:
-                raise TrainError(_oom_message(batch, step.max_tokens, step.update_freq)) from None
+        oom = partial(oom_message, batch, step.max_tokens, step.update_freq)
+        with contextlib.nullcontext() if sync else step.model.no_sync(), out_of_memory(oom, TrainError):
+            loss, nll = forward_loss(step.model, batch, step.precision, step.label_smoothing)
+            weight = 0.0 if empty else norm
+            step.scaler.scale(loss * weight).backward()
         if not empty:
             sums += torch.stack([loss.detach(), nll.detach()]).double()
     if step.defer_sync:

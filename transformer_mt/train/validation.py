@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.decode.translate import Translator, empty_outputs
+from transformer_mt.errors import out_of_memory
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.train.build import max_sentence_len
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
-from transformer_mt.train.step import TrainError, forward_loss
+from transformer_mt.train.step import TrainError, forward_loss, oom_message
 
 # Validations a checkpoint remembers, for `unconverged`: enough that one lies train.validate_every updates
 # before the last even when train.validate_every_fraction adds up to 10 validations in between.
@@ -81,6 +83,7 @@ def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, 
 
     Sentences longer than `max_sentence_len` are left out, as in training.
     """
+    tc = cfg.train
     indices = ordered_indices(ds.src_lens, ds.tgt_lens, cfg.train.seed)
     batches = batch_by_size(indices, ds.src_lens, ds.tgt_lens, cfg.train.max_tokens, max_sentence_len(cfg))
     batches = shard_batches(batches, env.rank, env.world_size)
@@ -91,7 +94,8 @@ def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, 
         if len(idx) == 0:
             continue
         batch = collate(ds, idx).to(env.device)
-        loss, nll = forward_loss(module, batch, precision, cfg.train.label_smoothing)
+        with out_of_memory(partial(oom_message, batch, tc.max_tokens, tc.update_freq, " validating"), TrainError):
+            loss, nll = forward_loss(module, batch, precision, tc.label_smoothing)
         loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.num_tgt_tokens
     module.train(was_training)
     loss_sum, nll_sum, tokens = all_reduce_sum([loss_sum, nll_sum, tokens], env)
