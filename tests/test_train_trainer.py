@@ -724,3 +724,18 @@ def test_out_of_memory_while_validating_is_the_same_advice(prepared_toy, error, 
     env = DistEnv(0, 1, 0, torch.device("cpu"), True)
     with pytest.raises(TrainError, match=r"out of memory validating on a batch of src .*train\.max_tokens=256"):
         validation.validate(torch.nn.Linear(1, 1), ds, prepared_toy, env, "fp32")
+
+
+def test_a_finished_run_run_again_ends_the_strip_a_kill_cut_short(prepared_toy, tmp_path):
+    """Killed while stripping the checkpoint before its final one: running the finished run again strips it,
+    and leaves the final checkpoint, which resumes, as it was."""
+    run = tmp_path / "run"
+    cfg = _cfg(prepared_toy, run, max_updates=4, save_every_updates=2, keep_last=50, validate_every=100)
+    train_model(cfg)
+    older, final = run / checkpoint_name(2), run / checkpoint_name(4)
+    state, training = load_checkpoint(older), load_checkpoint(final)
+    save_checkpoint(older, {**state, **{k: training[k] for k in ("optimizer", "rng", "scaler", "batching")}})
+    mtime = final.stat().st_mtime_ns
+    assert train_model(cfg).update == 4
+    assert "optimizer" not in load_checkpoint(older) and "optimizer" in load_checkpoint(final)
+    assert final.stat().st_mtime_ns == mtime
