@@ -72,7 +72,9 @@ def test_an_older_checkpoint_reads_with_defaults_for_the_entries_added_since(tmp
 def test_typed_round_trip(tmp_path):
     progress = Progress(update=7, epoch=3, batch_in_epoch=2, valid_loss=4.5, minutes=1.5, valid_history=[[5, 4.0]])
     training = TrainingState(
-        optimizer={"state": {}, "param_groups": []}, rng={"world_size": 2, "torch_cpu": []}, batching={"seed": 1}
+        optimizer={"state": {}, "param_groups": []},
+        rng={"world_size": 2, "torch_cpu": []},
+        batching={"max_tokens": 9, "seed": 1, "max_len": 8, "sentences": 5, "lengths": "ab", "batches": 3},
     )
     ck = Checkpoint({"w": torch.ones(2)}, {"train": {}}, b"spm", progress, training)
     write_checkpoint(tmp_path / "a.pt", ck)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, shown
 from transformer_mt.files import atomic_open
 
 
@@ -104,7 +104,7 @@ def from_state(state: Any, path: str | Path) -> Checkpoint:
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
         raise CheckpointError(f"{path}: the 'model' entry is not a state dict (names to tensors); {_NOT_TMT}")
     spm = _entry(state, "spm_model", torch.Tensor, path)
-    if spm.dtype != torch.uint8 or spm.dim() != 1:
+    if spm.dtype != torch.uint8 or spm.dim() != 1 or spm.numel() == 0:
         raise CheckpointError(f"{path}: the 'spm_model' entry is not the bytes of a BPE model; {_NOT_TMT}")
     training = _training(state, path) if "optimizer" in state else None
     return Checkpoint(
@@ -134,6 +134,15 @@ _PROGRESS_TYPES: dict[str, Any] = {
     "stale_validations": int,
 }
 _RESUME_REQUIRED = ("update", "epoch", "batch_in_epoch")  # the position: no default could stand in for it
+_COUNT_MAX = 10**12  # config.BUDGET_MAX: no run counts further
+_PROGRESS_RANGES = {
+    "update": (0, _COUNT_MAX),
+    "epoch": (1, _COUNT_MAX),
+    "batch_in_epoch": (0, _COUNT_MAX),
+    "valid_update": (-1, _COUNT_MAX),
+    "stale_validations": (0, _COUNT_MAX),
+    "minutes": (0.0, 1e9),
+}  # what a run's position and clock can be; anything else would resume (or sort among inputs) wrongly
 
 
 def _entry(state: dict[str, Any], key: str, types: Any, path: str | Path, default: Any = _REQUIRED) -> Any:
@@ -158,6 +167,11 @@ def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Progr
         default = _REQUIRED if resumable and f.name in _RESUME_REQUIRED else getattr(Progress(), f.name)
         value = _entry(state, f.name, _PROGRESS_TYPES[f.name], path, default)
         values[f.name] = float(value) if isinstance(value, int) and _PROGRESS_TYPES[f.name] is not int else value
+        low, high = _PROGRESS_RANGES.get(f.name, (None, None))
+        if low is not None and not low <= value <= high:  # NaN fails both comparisons
+            raise CheckpointError(
+                f"{path}: the checkpoint's '{f.name}' entry is {shown(value)}, outside {low}..{high}; {_NOT_TMT}"
+            )
     try:
         values["valid_history"] = [[int(u), float(nll)] for u, nll in values["valid_history"]]
     except (TypeError, ValueError):
@@ -170,14 +184,20 @@ def _training(state: dict[str, Any], path: str | Path) -> TrainingState:
     if not isinstance(optimizer.get("state"), dict) or not isinstance(optimizer.get("param_groups"), list):
         raise CheckpointError(f"{path}: the 'optimizer' entry is not an optimizer's state dict; {_NOT_TMT}")
     rng = _entry(state, "rng", dict, path)
-    if not isinstance(rng.get("world_size"), int) or not isinstance(rng.get("torch_cpu"), list):
+    world, generators = rng.get("world_size"), rng.get("torch_cpu")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not isinstance(generators, list):
         raise CheckpointError(f"{path}: the 'rng' entry lacks 'world_size' or 'torch_cpu'; {_NOT_TMT}")
-    return TrainingState(
-        optimizer=optimizer,
-        rng=rng,
-        scaler=_entry(state, "scaler", dict, path, default={}),
-        batching=_entry(state, "batching", (dict, type(None)), path, default=None),
-    )
+    if not all(isinstance(g, torch.Tensor) and g.dtype == torch.uint8 for g in generators):
+        raise CheckpointError(f"{path}: the 'rng' entry's 'torch_cpu' is not a list of generator states; {_NOT_TMT}")
+    batching = _entry(state, "batching", (dict, type(None)), path, default=None)
+    if batching is not None and not all(isinstance(batching.get(k), t) for k, t in _BATCHING_TYPES.items()):
+        missing = next(k for k, t in _BATCHING_TYPES.items() if not isinstance(batching.get(k), t))
+        raise CheckpointError(f"{path}: the 'batching' entry's '{missing}' is missing or mistyped; {_NOT_TMT}")
+    scaler = _entry(state, "scaler", dict, path, default={})
+    return TrainingState(optimizer=optimizer, rng=rng, scaler=scaler, batching=batching)
+
+
+_BATCHING_TYPES = {"max_tokens": int, "seed": int, "max_len": int, "sentences": int, "lengths": str, "batches": int}
 
 
 # ---------------------------------------------------------------- files
@@ -395,13 +415,39 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
     return Checkpoint(model, config, spm_model, Progress(update=update), averaged_from=[str(p) for p in paths])
 
 
+def check_weights(path: str | Path, weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Refuse ``weights`` (a checkpoint's 'model' entry) unless they have ``expected``'s names and shapes and
+    floating-point values where it has them: the model the checkpoint's config describes, so that a crafted entry
+    is one line naming the weight rather than torch's list of every key."""
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    problem = ""
+    if missing:
+        problem = f"'{missing[0]}' is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+    elif extra:
+        problem = f"{shown(extra[0])} is not a weight of it" + (
+            f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        )
+    for key, tensor in expected.items() if not problem else ():
+        given = weights[key]
+        if given.shape != tensor.shape:
+            problem = f"'{key}' has shape {tuple(given.shape)}, not {tuple(tensor.shape)}"
+        elif given.is_floating_point() != tensor.is_floating_point():
+            problem = f"'{key}' holds {given.dtype}, not {tensor.dtype}"
+        if problem:
+            break
+    if problem:
+        raise CheckpointError(
+            f"{path}: the 'model' entry does not fit the model its config describes: {problem}; {_NOT_TMT}"
+        )
+
+
 def _check_same_model(
     ref: dict[str, torch.Tensor], ref_spm: bytes, other: Checkpoint, ref_path: Path, path: Path
 ) -> None:
     """Same parameter names and shapes, and the same BPE model: averaged embeddings must number tokens alike."""
     missing, extra = sorted(set(ref) - set(other.model)), sorted(set(other.model) - set(ref))
     if missing or extra:
-        where = f"lacks key '{missing[0]}'" if missing else f"has extra key '{extra[0]}'"
+        where = f"lacks key '{missing[0]}'" if missing else f"has extra key {shown(extra[0])}"
         raise CheckpointError(
             f"{path}: {where} compared with {ref_path}; only checkpoints of the same model can be averaged"
         )
@@ -410,6 +456,11 @@ def _check_same_model(
             raise CheckpointError(
                 f"{path}: key '{key}' has shape {tuple(other.model[key].shape)}, but {tuple(tensor.shape)} in "
                 f"{ref_path}; only checkpoints of the same model can be averaged"
+            )
+        if other.model[key].is_floating_point() != tensor.is_floating_point():
+            raise CheckpointError(
+                f"{path}: key '{key}' holds {other.model[key].dtype}, but {tensor.dtype} in {ref_path}; only "
+                "checkpoints of the same model can be averaged"
             )
     if other.spm_model != ref_spm:
         raise CheckpointError(

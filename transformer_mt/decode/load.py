@@ -23,9 +23,9 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from transformer_mt.checkpoint import Checkpoint, read_average, run_dir_checkpoint
+from transformer_mt.checkpoint import Checkpoint, check_weights, read_average, run_dir_checkpoint
 from transformer_mt.config import Config, ConfigError, apply_override, config_from_dict, parse_override, validate
-from transformer_mt.data.bpe import PAD, load_bpe_bytes
+from transformer_mt.data.bpe import BOS, EOS, PAD, UNK, load_bpe_bytes
 from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer
@@ -206,16 +206,24 @@ def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequenc
     return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
 
 
-def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> LoadedModel:
-    bpe = load_bpe_bytes(ck.spm_model)
-    vocab = bpe.get_piece_size()
-    model = Transformer(cfg.model, vocab, pad_id=PAD)
+def checkpoint_bpe(ck: Checkpoint, path: Path) -> spm.SentencePieceProcessor:
+    """The BPE model a checkpoint carries; bytes sentencepiece cannot read, or a model of too few pieces to hold
+    tmt's special tokens, are a LoadError naming the entry."""
     try:
-        model.load_state_dict(ck.model)
-    except RuntimeError as err:
-        lines = str(err).splitlines()
-        first = lines[1].strip() if len(lines) > 1 else str(err)
+        bpe = load_bpe_bytes(ck.spm_model)
+    except RuntimeError:  # sentencepiece's parse error, in protobuf's words
+        bpe = None
+    if bpe is None or bpe.get_piece_size() <= max(PAD, EOS, BOS, UNK):
         raise LoadError(
-            f"{path}: the weights do not fit the model its config describes (vocabulary {vocab}): {first}"
-        ) from None
+            f"{path}: the 'spm_model' entry is not a sentencepiece model tmt wrote; the file is damaged or was not "
+            "written by `tmt train` or `tmt average`"
+        )
+    return bpe
+
+
+def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> LoadedModel:
+    bpe = checkpoint_bpe(ck, path)
+    model = Transformer(cfg.model, bpe.get_piece_size(), pad_id=PAD)
+    check_weights(path, ck.model, model.state_dict())
+    model.load_state_dict(ck.model)
     return LoadedModel(model.to(device).eval(), cfg, bpe, ck.spm_model, device)

@@ -11,13 +11,18 @@ where that is exact, and otherwise refused or said loudly.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState
+from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, check_weights
 from transformer_mt.config import Config, config_from_dict, field_differences
 from transformer_mt.data.batching import resume_position
+from transformer_mt.errors import shown
 from transformer_mt.train.build import RunData
 from transformer_mt.train.checkpoint import BEST_NAME, find_resume_checkpoint
 from transformer_mt.train.distributed import DistEnv
@@ -48,16 +53,59 @@ def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: E
             f"{field_differences(saved.model, cfg.model, 'model.')} (the checkpoint's value first); "
             "use a new train.save_dir, or restore the model section the run was started with"
         )
+    check_weights(path, ck.model, stepper.module.state_dict())
     stepper.module.load_state_dict(ck.model)
-    load_optimizer_state(stepper.optimizer, ck.training.optimizer)
+    check_optimizer_state(path, ck.training.optimizer, stepper.optimizer)
+    with _entry_error(path, "optimizer"):
+        load_optimizer_state(stepper.optimizer, ck.training.optimizer)
     if ck.training.scaler:
-        stepper.scaler.load_state_dict(ck.training.scaler)
+        with _entry_error(path, "scaler"):
+            stepper.scaler.load_state_dict(ck.training.scaler)
     p = ck.progress
     p.batch_in_epoch = position_in_epoch(cfg, env, data, epochs, path, p, ck.training)
-    restore_rng(ck.training.rng, env, cfg.train.seed, p.update)
+    with _entry_error(path, "rng"):
+        restore_rng(ck.training.rng, env, cfg.train.seed, p.update)
     if env.is_main:
         tqdm.write(f"resuming from {path} at update {p.update}", file=sys.stderr)
     return p
+
+
+@contextmanager
+def _entry_error(path: Path, entry: str) -> Iterator[None]:
+    """torch's own refusal of a state it is handed (a wrong type, key or size) as one line naming the file and
+    the entry: the entry is then crafted or damaged, since tmt wrote it from the same objects."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, IndexError, RuntimeError, AttributeError) as err:
+        raise CheckpointError(
+            f"{path}: the '{entry}' entry cannot be restored ({shown(str(err), 100)[1:-1]}); the file is damaged "
+            "or was not written by `tmt train`"
+        ) from None
+
+
+def check_optimizer_state(path: Path, saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer state whose groups or per-parameter tensors do not match this model's parameters.
+
+    torch loads them unchecked, and Adam's step on a moment of another shape
+    aborts the whole process in native code, with no message at all.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = saved["param_groups"]
+    sizes = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in groups]
+    if sizes != [len(g["params"]) for g in optimizer.param_groups]:
+        raise CheckpointError(f"{path}: the 'optimizer' entry's param_groups do not match the model's; {_CRAFTED}")
+    for index, values in saved["state"].items():
+        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(values, dict):
+            raise CheckpointError(f"{path}: the 'optimizer' entry holds a state for no parameter; {_CRAFTED}")
+        for name, value in values.items():
+            if name != "step" and (not isinstance(value, torch.Tensor) or value.shape != params[index].shape):
+                raise CheckpointError(
+                    f"{path}: the 'optimizer' entry's {shown(name)} of parameter {index} is not a tensor of its "
+                    f"shape {tuple(params[index].shape)}; {_CRAFTED}"
+                )
+
+
+_CRAFTED = "the file is damaged or was not written by `tmt train`"
 
 
 def not_resumable(path: Path, ck: Checkpoint, save_dir: Path) -> str:
