@@ -121,6 +121,15 @@ def test_translate_and_average_load_or_refuse(mutation: str, tiny_run: tuple[Con
     _works_or_user_error(lambda: read_average([tiny_run[1], path]))
 
 
+def test_resume_refuses_a_position_past_the_epoch(tiny_run: tuple[Config, Path], tmp_path: Path) -> None:
+    cfg, source = tiny_run
+    run = tmp_path / "run"
+    _crafted(source, run, MUTATIONS["batch_in_epoch = 10**9"])
+    train = dataclasses.replace(cfg.train, save_dir=str(run), max_updates=UPDATES + 1)
+    with pytest.raises(UserError, match=r"'batch_in_epoch' entry is 1000000000, past the \d+ batches of epoch 1"):
+        train_model(dataclasses.replace(cfg, train=train))
+
+
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_resume_loads_or_refuses(mutation: str, tiny_run: tuple[Config, Path], tmp_path: Path) -> None:
     cfg, source = tiny_run

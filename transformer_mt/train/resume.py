@@ -168,6 +168,11 @@ def position_in_epoch(
             f"so training would skip or repeat sentences. Resume with {saved_world_size} processes "
             f"(--nproc-per-node {saved_world_size}), or start a new train.save_dir"
         )
+    if position > (batches := len(epochs.batches(epoch))):
+        raise CheckpointError(
+            f"{path}: the checkpoint's 'batch_in_epoch' entry is {position}, past the {batches} batches of epoch "
+            f"{epoch}; {_CRAFTED}"
+        )
     return position
 
 
