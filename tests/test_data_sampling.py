@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ from transformer_mt.config import Config, ConfigError, load_config
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.prepare import is_prepared, load_manifest, prepare_data, prepare_hash, train_text_files
-from transformer_mt.data.sampling import chunk_seeds, sample_epoch
+from transformer_mt.data.sampling import BpeDropout, chunk_seed, sample_epoch
 from transformer_mt.train.build import load_run_data
 from transformer_mt.train.checkpoint import checkpoint_name
 from transformer_mt.train.distributed import DistEnv
@@ -128,10 +131,48 @@ def test_epochs_differ_repeat_for_the_same_seed_and_decode_to_the_same_text(samp
     ]
 
 
-def test_chunk_seeds_are_32_bit_and_distinct():
-    seeds = {s for epoch in range(1, 4) for chunk in range(5) for s in chunk_seeds(1, epoch, chunk)}
-    assert len(seeds) == 30 and all(0 <= s < 0xFFFFFFFF for s in seeds)
-    assert chunk_seeds(-1, 1, 0) == chunk_seeds(-1, 1, 0)
+def test_worker_processes_give_the_same_epoch(sampled_toy, monkeypatch):
+    from transformer_mt.data import binarize, sampling
+
+    monkeypatch.setattr(binarize, "CHUNK_PAIRS", 300)  # 7 chunks of the 2000 pairs, cut in this process
+    monkeypatch.setattr(sampling, "PARALLEL_PAIRS", 0)
+    args = (sampled_toy.data.dir, _text(sampled_toy), ALPHA, 1, 3, np.uint16)
+    serial = sample_epoch(*args).dataset
+    parallel = sample_epoch(*args, workers=2, pairs=2000).dataset
+    for side in ("_src_ids", "_src_off", "_tgt_ids", "_tgt_off"):
+        assert np.array_equal(getattr(serial, side), getattr(parallel, side)), side
+
+
+def test_chunk_seeds_differ_by_seed_epoch_chunk_and_side():
+    seeds = {chunk_seed(s, e, c, side) for s in (1, 2) for e in (1, 2) for c in range(3) for side in (0, 1)}
+    assert len(seeds) == 24 and chunk_seed(-1, 1, 0, 0) == chunk_seed(-1, 1, 0, 0)
+
+
+def test_without_dropout_the_encoding_is_sentencepiece_s(sampled_toy):
+    """`BpeDropout` at alpha 0 is sentencepiece's BPE, id for id, on the whole corpus; unknown characters too."""
+    sp = load_bpe(Path(sampled_toy.data.dir) / "spm.model")
+    bpe = BpeDropout(sp)
+    lines = [line for path in _text(sampled_toy) for line in path.read_text(encoding="utf-8").splitlines()]
+    lines += ["", "x", "Ein  Mann", "ein \u00e6\u00e6 Haus \u4e2d", "\u2603"]  # empty, doubled space, <unk> runs
+    assert [bpe.encode(line, 0.0, random.Random(0)) for line in lines] == sp.encode(lines, out_type=int)
+
+
+def test_the_draws_are_the_same_in_another_process(sampled_toy):
+    """What a resumed run needs, and what sentencepiece's own sampling does not give (its seed holds per process)."""
+    code = (
+        "import sys, numpy as np; from pathlib import Path; from transformer_mt.data.sampling import sample_epoch; "
+        "d = sys.argv[1]; ds = sample_epoch(d, (Path(sys.argv[2]), Path(sys.argv[3])), 0.1, 1, 2, np.uint16).dataset; "
+        "sys.stdout.write(ds._src_ids.tobytes().hex() + ' ' + ds._tgt_ids.tobytes().hex())"
+    )
+    src, tgt = _text(sampled_toy)
+    out = subprocess.run(
+        [sys.executable, "-c", code, sampled_toy.data.dir, str(src), str(tgt)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    here = sample_epoch(sampled_toy.data.dir, (src, tgt), 0.1, 1, 2, np.uint16).dataset
+    assert out == here._src_ids.tobytes().hex() + " " + here._tgt_ids.tobytes().hex()
 
 
 def test_batches_follow_the_sampled_lengths_and_every_rank_sees_the_same_epoch(sampled_toy):

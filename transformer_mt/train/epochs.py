@@ -9,6 +9,7 @@ it consumed), is all a checkpoint needs to go on with the same batches. With
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -45,7 +46,10 @@ class Epochs:
 
         text = tuple(self.data.dir / name for name in train_text_files(self.cfg))
         fixed = self.data.train
-        sampled = sample_epoch(self.data.dir, text, alpha, self.cfg.train.seed, epoch, fixed._src_ids.dtype)
+        workers = max(1, (self.cfg.data.workers or os.cpu_count() or 1) // self.env.world_size)  # ranks share hosts
+        sampled = sample_epoch(
+            self.data.dir, text, alpha, self.cfg.train.seed, epoch, fixed._src_ids.dtype, workers, len(fixed)
+        )
         if len(sampled.dataset) != len(fixed):
             raise TrainError(
                 f"{self.data.dir}: the training text has {len(sampled.dataset):,} pairs, the prepared ids "
