@@ -17,10 +17,18 @@ Two recipes:
 
     python benchmarks/multi30k_race.py --recipe fairseq --minutes 20
     python benchmarks/multi30k_race.py --recipe tmt --minutes 10 --seed 2
+    python benchmarks/multi30k_race.py --recipe tmt --updates 800 --seeds 1 2 --set bpe.sampling_alpha=0.1
+
+``--seeds 1 2 ...`` runs one race per seed and ends with a table of each
+seed's valid and test sacreBLEU (last checkpoint and average) and their
+mean: how to tune a recipe on one's own small corpus, selecting on valid.
+``--updates N`` bounds training by updates instead of the clock (no time
+limit unless ``--minutes`` is given too): on a shared machine a race against
+the clock is unfair to whichever run had the busier minutes.
 
 Run it from the repository root (the configs' data paths are relative to it)
 on an otherwise idle machine: the figure is a race against the clock.
-Results go to RUN_DIR/race.json and a markdown table on stdout.
+Results go to RUN_DIR/race.json and markdown tables on stdout.
 """
 
 from __future__ import annotations
@@ -92,23 +100,51 @@ def checkpoints_to_score(run: Path, recipe: str, minutes: float) -> dict[str, tu
     return chosen
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tmt")
-    parser.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--run-dir", default=None, help="a fresh directory per race (default runs/race_RECIPE_MIN_sSEED)"
+        "--minutes", type=float, default=None, help="training wall-clock budget (default 20; none with --updates)"
+    )
+    parser.add_argument(
+        "--updates", type=int, default=0, help="train this many updates, with no time limit unless --minutes is given"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="several seeds, one run each (not --seed)")
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="a fresh directory per race (default runs/race_RECIPE_BUDGET_sSEED); with several seeds, DIR_sSEED each",
     )
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="extra config overrides")
     parser.add_argument("--splits", nargs="+", default=["valid", "test"], help="Multi30k splits to score")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.minutes is None:
+        args.minutes = 0.0 if args.updates else 20.0
+    args.seeds = args.seeds or [args.seed]
+    return args
 
+
+def budget_name(args: argparse.Namespace) -> str:
+    """``20min``, ``800u`` or ``800u_20min``: the budget as run directories name it."""
+    parts = ([f"{args.updates}u"] if args.updates else []) + ([f"{args.minutes:g}min"] if args.minutes else [])
+    return "_".join(parts)
+
+
+def run_dir(args: argparse.Namespace, seed: int) -> Path:
+    if args.run_dir is None:
+        return Path(f"runs/race_{args.recipe}_{budget_name(args)}_s{seed}")
+    return Path(args.run_dir if len(args.seeds) == 1 else f"{args.run_dir}_s{seed}")
+
+
+def race(args: argparse.Namespace, seed: int) -> dict:
+    """One race: prepare, train, score the last checkpoint and the average; prints its table, returns race.json."""
     config = RECIPES[args.recipe]
-    run = Path(args.run_dir or f"runs/race_{args.recipe}_{args.minutes:g}min_s{args.seed}")
+    run = run_dir(args, seed)
     if run.exists() and any(run.glob("checkpoint_*.pt")):
         sys.exit(f"{run} already holds checkpoints: a race starts from scratch; pass another --run-dir")
-    sets = [f"train.save_dir={run}", f"train.max_minutes={args.minutes}", f"train.seed={args.seed}", *args.overrides]
+    budget = [f"train.max_minutes={args.minutes}"] + ([f"train.max_updates={args.updates}"] if args.updates else [])
+    sets = [f"train.save_dir={run}", *budget, f"train.seed={seed}", *args.overrides]
     set_args = [a for s in sets for a in ("--set", s)]
     cfg = load_config(config, sets)
 
@@ -137,14 +173,15 @@ def main() -> None:
     updates = max(m["update"] for m in metrics)
     tok_s = sum(m["tgt_tokens_per_s"] for m in train_lines) / max(len(train_lines), 1)
     summary = {
-        "recipe": args.recipe, "config": config, "overrides": args.overrides, "seed": args.seed,
-        "minutes": args.minutes, "trained_minutes": round(train_minutes, 2), "updates": updates,
-        "tgt_tokens_per_s": round(tok_s), "load_average": round(sum(load) / max(len(load), 1), 2), "scores": rows,
+        "recipe": args.recipe, "config": config, "overrides": args.overrides, "seed": seed,
+        "minutes": args.minutes, "max_updates": args.updates, "trained_minutes": round(train_minutes, 2),
+        "updates": updates, "tgt_tokens_per_s": round(tok_s), "load_average": round(sum(load) / max(len(load), 1), 2),
+        "scores": rows,
     }  # fmt: skip
     (run / "race.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     print(
-        f"{args.recipe} recipe, seed {args.seed}, {args.minutes:g} min: {updates} updates, {tok_s:,.0f} tgt tok/s, "
+        f"{args.recipe} recipe, seed {seed}, {budget_name(args)}: {updates} updates, {tok_s:,.0f} tgt tok/s, "
         f"load average {summary['load_average']} while training"
     )
     print("| checkpoint | " + " | ".join(f"{s} sacreBLEU (ratio)" for s in args.splits) + " | fairseq test2016 |")
@@ -152,6 +189,38 @@ def main() -> None:
     for name, scores in rows.items():
         cells = " | ".join(f"{scores[s]:.1f} ({scores[s + '_ratio']:.2f})" for s in args.splits)
         print(f"| {name} | {cells} | {'' if peer[name] is None else peer[name]} |")
+    return summary
+
+
+def seeds_table(summaries: list[dict], splits: list[str]) -> str:
+    """Markdown: per seed, its updates and each split's sacreBLEU of the last checkpoint and of the average, then
+    the mean over the seeds (select on valid; test is for the record)."""
+
+    def last_and_average(summary: dict) -> tuple[dict, dict]:
+        names = list(summary["scores"])
+        average = next(n for n in names if n.startswith("average"))
+        last = next(n for n in names if n.endswith("(last)"))
+        return summary["scores"][last], summary["scores"][average]
+
+    header = ["seed", "updates"] + [f"{s} {kind}" for s in splits for kind in ("last", "average")]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    columns: list[list[float]] = [[] for _ in range(2 * len(splits))]
+    for summary in summaries:
+        last, average = last_and_average(summary)
+        values = [scores[s] for s in splits for scores in (last, average)]
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+        lines.append(f"| {summary['seed']} | {summary['updates']} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+    means = [sum(c) / len(c) for c in columns]
+    lines.append(f"| mean of {len(summaries)} | | " + " | ".join(f"**{m:.2f}**" for m in means) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    summaries = [race(args, seed) for seed in args.seeds]
+    print(f"\n{args.recipe} recipe, {budget_name(args)}, sacreBLEU per seed (select on valid):")
+    print(seeds_table(summaries, args.splits))
 
 
 if __name__ == "__main__":

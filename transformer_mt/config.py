@@ -61,8 +61,8 @@ class BpeConfig:
 
     ``model`` reuses an existing sentencepiece model instead of learning one,
     so that new data gets the vocabulary a checkpoint was trained with
-    (fine-tuning on another corpus); the other keys only shape a learned model
-    and are then ignored.
+    (fine-tuning on another corpus); the other keys but ``sampling_alpha`` only
+    shape a learned model and are then ignored.
     """
 
     model: str = ""  # an existing spm.model to encode with (e.g. from `tmt export spm`); "": learn one from data.train
@@ -70,6 +70,11 @@ class BpeConfig:
     sample_sentences: int = 4_000_000  # sentences (both sides together) sampled to learn BPE
     character_coverage: float = 1.0
     seed: int = 1
+    # Deviation (off by default, as in the paper's fixed BPE): subword regularization (Kudo 2018), which for a BPE
+    # model is BPE-dropout (Provilkov et al. 2020) with this dropout probability (e.g. 0.1). Each epoch re-encodes
+    # the training text (kept in data.dir by prepare) with merges dropped at random, seeded by (train.seed, epoch);
+    # validation, test and decoding keep the deterministic encoding. 0: off, the prepared ids are trained on
+    sampling_alpha: float = 0.0
 
 
 @dataclass
@@ -445,6 +450,7 @@ def validate(cfg: Config) -> None:
         "model.attention_dropout": m.attention_dropout,
         "model.activation_dropout": m.activation_dropout,
         "train.label_smoothing": cfg.train.label_smoothing,
+        "bpe.sampling_alpha": cfg.bpe.sampling_alpha,
     }.items():
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")

@@ -50,6 +50,19 @@ class ParallelDataset:
         self.src_lens = np.diff(self._src_off).astype(np.int64) + 1
         self.tgt_lens = np.diff(self._tgt_off).astype(np.int64) + 1
 
+    @classmethod
+    def from_arrays(
+        cls, data_dir: str | Path, split: str, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]
+    ) -> ParallelDataset:
+        """A split held in memory: ``(ids, offsets)`` per side, as the files hold them (an epoch's sampled encoding,
+        `transformer_mt.data.sampling`)."""
+        ds = cls.__new__(cls)
+        ds.data_dir, ds.split = Path(data_dir), split
+        (ds._src_ids, ds._src_off), (ds._tgt_ids, ds._tgt_off) = src, tgt
+        ds.src_lens = np.diff(ds._src_off).astype(np.int64) + 1
+        ds.tgt_lens = np.diff(ds._tgt_off).astype(np.int64) + 1
+        return ds
+
     def __len__(self) -> int:
         return len(self._src_off) - 1
 

@@ -55,6 +55,7 @@ from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
 
 MANIFEST = "manifest.json"
+TRAINING_ONLY = ("model", "sampling_alpha")  # bpe keys outside the hash of a learned model (see _bpe_hash)
 FORMAT_VERSION = 1
 SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
 
@@ -96,9 +97,11 @@ def _bpe_hash(cfg: Config) -> str:
     data prepared then stays up to date. With it, only the model's digest
     counts: another model (or the file rewritten) re-prepares, while the
     learning keys, which are ignored, and the path, which may move, do not.
+    ``bpe.sampling_alpha`` is read when training, not here: it only asks for
+    the training text to be kept (`train_text_files`), which `_up_to_date` checks.
     """
     if not cfg.bpe.model:
-        return config_hash({k: v for k, v in dataclasses.asdict(cfg.bpe).items() if k != "model"})
+        return config_hash({k: v for k, v in dataclasses.asdict(cfg.bpe).items() if k not in TRAINING_ONLY})
     return config_hash({"model_sha256": model_digest(cfg.bpe.model)})
 
 
@@ -155,6 +158,8 @@ def prepare_data(cfg: Config, force: bool = False) -> Path:
     if not force and old is not None and _up_to_date(old, cfg, fingerprints):
         _say(f"{out} is up to date (inputs and data/bpe config unchanged); nothing to do. --force redoes it.")
         return out
+    if old is not None and cfg.bpe.sampling_alpha > 0 and not set(train_text_files(cfg)) <= set(old.get("files", [])):
+        _say(f"{out} holds no training text, which bpe.sampling_alpha re-encodes every epoch: preparing again")
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     _remove_stale_work_dirs(out)
@@ -179,6 +184,12 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
     files = [MODEL_NAME, VOCAB_NAME]
     for s in splits:
         files += _binarize_split(work, cfg, s, stats[s.name], dtype, workers)
+    if cfg.bpe.sampling_alpha > 0:  # re-encoded every epoch (data/sampling.py): keep the cleaned training text
+        for side in ("src", "tgt"):  # through other names: a language may be called src or tgt
+            os.replace(work / f"train.{side}.txt", work / f"kept.{side}")
+        for side, name in zip(("src", "tgt"), train_text_files(cfg), strict=True):
+            os.replace(work / f"kept.{side}", work / name)
+        files += train_text_files(cfg)
     seconds["encode"] = time.perf_counter() - start - seconds["clean"] - seconds["bpe"]
     return _given_bpe(cfg) | {
         "format": FORMAT_VERSION,
@@ -345,9 +356,17 @@ def _check_line_counts(splits: list[SplitFiles], fingerprints: dict[str, dict]) 
             )
 
 
+def train_text_files(cfg: Config) -> list[str]:
+    """The cleaned training text (one normalized sentence a line, the pairs of the binarized split), source then
+    target: kept in ``data.dir`` only with ``bpe.sampling_alpha`` > 0, which re-encodes it every epoch."""
+    return [f"train.{cfg.data.src_lang}.txt", f"train.{cfg.data.tgt_lang}.txt"]
+
+
 def _up_to_date(manifest: dict, cfg: Config, fingerprints: dict) -> bool:
+    kept = manifest.get("files", [])
     return (
         manifest.get("format") == FORMAT_VERSION
+        and (cfg.bpe.sampling_alpha <= 0 or all(name in kept for name in train_text_files(cfg)))
         and manifest.get("config_hash") == prepare_hash(cfg)
         and {k: v["sha256"] for k, v in manifest.get("inputs", {}).items()}
         == {k: v["sha256"] for k, v in fingerprints.items()}

@@ -65,7 +65,9 @@ def load_run_data(cfg: Config, env: DistEnv) -> RunData:
             name: int(too_long(ds.src_lens, ds.tgt_lens, max_len).sum())
             for name, ds in (("train", train), ("valid", valid))
         },
-        batching=batching_key(train.src_lens, train.tgt_lens, cfg.train.max_tokens, cfg.train.seed, max_len),
+        batching=batching_key(
+            train.src_lens, train.tgt_lens, cfg.train.max_tokens, cfg.train.seed, max_len, cfg.bpe.sampling_alpha
+        ),
     )
 
 

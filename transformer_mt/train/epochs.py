@@ -2,18 +2,23 @@
 
 An epoch's batch order is a pure function of the seed, the epoch and what
 `batching_key` records (`epoch_batches`), so a position, (epoch, batches of
-it consumed), is all a checkpoint needs to go on with the same batches.
+it consumed), is all a checkpoint needs to go on with the same batches. With
+``bpe.sampling_alpha`` > 0 the epoch's training set itself is re-encoded
+(`transformer_mt.data.sampling`), also from (seed, epoch) alone.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import numpy as np
+from tqdm import tqdm
 
 from transformer_mt.config import Config
 from transformer_mt.data.batching import epoch_batches
-from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
+from transformer_mt.data.dataset import Batch, ParallelDataset, collate, pad_to_multiple
 from transformer_mt.train.build import RunData
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.step import TrainError
@@ -27,12 +32,46 @@ class Epochs:
     def __init__(self, cfg: Config, env: DistEnv, data: RunData) -> None:
         self.cfg, self.env, self.data = cfg, env, data
         self._cache: dict[int, list[np.ndarray]] = {}  # the current and the next epoch (batches are read ahead)
+        self._sampled: dict[int, ParallelDataset] = {}  # bpe.sampling_alpha: those epochs' training sets
+
+    def dataset(self, epoch: int) -> ParallelDataset:
+        """The training set of ``epoch``: the prepared one, or with ``bpe.sampling_alpha`` its own encoding."""
+        alpha = self.cfg.bpe.sampling_alpha
+        if alpha <= 0:
+            return self.data.train
+        if epoch in self._sampled:
+            return self._sampled[epoch]
+        from transformer_mt.data.prepare import train_text_files
+        from transformer_mt.data.sampling import sample_epoch
+
+        text = tuple(self.data.dir / name for name in train_text_files(self.cfg))
+        fixed = self.data.train
+        workers = max(1, (self.cfg.data.workers or os.cpu_count() or 1) // self.env.world_size)  # ranks share hosts
+        sampled = sample_epoch(
+            self.data.dir, text, alpha, self.cfg.train.seed, epoch, fixed._src_ids.dtype, workers, len(fixed)
+        )
+        if len(sampled.dataset) != len(fixed):
+            raise TrainError(
+                f"{self.data.dir}: the training text has {len(sampled.dataset):,} pairs, the prepared ids "
+                f"{len(fixed):,}; run `tmt prepare --force CONFIG`"
+            )
+        if self.env.is_main:
+            tokens = int(fixed.src_lens.sum() + fixed.tgt_lens.sum()) - 2 * len(fixed)  # the lengths count EOS/BOS
+            more = (sampled.src_tokens + sampled.tgt_tokens) / max(1, tokens)
+            tqdm.write(
+                f"epoch {epoch}: training text re-encoded with BPE-dropout {alpha:g} in {sampled.seconds:.1f} s "
+                f"({len(fixed):,} pairs; {sampled.src_tokens:,} source / {sampled.tgt_tokens:,} target tokens, "
+                f"{more - 1:+.1%} on the fixed encoding)",
+                file=sys.stderr,
+            )
+        self._sampled = {e: d for e, d in self._sampled.items() if e >= epoch - 1} | {epoch: sampled.dataset}
+        return sampled.dataset
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of ``epoch``; the epoch before it is the oldest one kept."""
         if epoch in self._cache:
             return self._cache[epoch]
-        ds, tc, env = self.data.train, self.cfg.train, self.env
+        ds, tc, env = self.dataset(epoch), self.cfg.train, self.env
         batches = epoch_batches(
             ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, env.rank, env.world_size, self.data.max_len
         )
@@ -68,12 +107,13 @@ class Epochs:
     def collate(self, item: Group) -> list[Batch | None]:
         """The padded batches of one update (None: an empty shard), pinned on CUDA; run in the background."""
         group, tc = item[0], self.cfg.train
+        ds = self.dataset(item[1])  # the epoch's, already built: `updates` cut its batches
         pin = self.env.device.type == "cuda"
         batches: list[Batch | None] = []
         for idx in group:
             if not len(idx):
                 batches.append(None)
                 continue
-            batch = pad_to_multiple(collate(self.data.train, idx), tc.pad_to_multiple, self.cfg.model.max_positions)
+            batch = pad_to_multiple(collate(ds, idx), tc.pad_to_multiple, self.cfg.model.max_positions)
             batches.append(batch.pin_memory() if pin else batch)
         return batches

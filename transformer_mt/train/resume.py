@@ -156,7 +156,8 @@ def position_in_epoch(
     changes = batching_changes(batching, data.batching) if batching else []  # None: written before it was kept
     if changes and batch_in_epoch > 0:
         return restart_epoch(env, epochs, path, changes, p, int(batching["batches"]))
-    ds, tc, epoch = data.train, cfg.train, p.epoch
+    tc, epoch = cfg.train, p.epoch
+    ds = epochs.dataset(epoch)  # with bpe.sampling_alpha, the epoch's own encoding
     position = resume_position(
         ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, epoch, batch_in_epoch, saved_world_size,
         env.world_size, data.max_len,

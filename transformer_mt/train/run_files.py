@@ -78,7 +78,7 @@ def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> No
 
 
 def batching_key(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, max_len: int
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, max_len: int, sampling_alpha: float = 0.0
 ) -> dict[str, Any]:
     """What decides an epoch's batch order besides the epoch and the world size, as a checkpoint records it.
 
@@ -86,17 +86,20 @@ def batching_key(
     and converted apart, see `resume_position`), so a position in an epoch
     means the same sentences on resume only while they are unchanged. The
     training data enter as their count and a digest of their lengths (in
-    tokens), which is all the batching reads of them.
+    tokens), which is all the batching reads of them. With ``bpe.sampling_alpha``
+    > 0 each epoch's lengths are those of its own encoding, drawn from the seed,
+    the epoch and alpha, which is then recorded too (absent when 0, as before it existed).
     """
     digest = hashlib.blake2b(np.ascontiguousarray(src_lens, dtype=np.int64).tobytes(), digest_size=8)
     digest.update(np.ascontiguousarray(tgt_lens, dtype=np.int64).tobytes())
-    return {
+    key = {
         "max_tokens": int(max_tokens),
         "seed": int(seed),
         "max_len": int(max_len),
         "sentences": len(src_lens),
         "lengths": digest.hexdigest(),
     }
+    return key | ({"sampling_alpha": float(sampling_alpha)} if sampling_alpha > 0 else {})
 
 
 def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -110,6 +113,10 @@ def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
         )
         if saved.get(key) != current[key]
     ]
+    if saved.get("sampling_alpha", 0.0) != current.get("sampling_alpha", 0.0):
+        changes.append(
+            f"bpe.sampling_alpha was {saved.get('sampling_alpha', 0.0):g}, now {current.get('sampling_alpha', 0.0):g}"
+        )
     if saved.get("sentences") != current["sentences"] or saved.get("lengths") != current["lengths"]:
         changes.append(
             f"the training data in data.dir changed ({saved.get('sentences'):,} sentences, now "
