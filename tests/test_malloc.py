@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from transformer_mt import cli
-from transformer_mt.malloc import keep_freed_memory, release_free_memory
+from transformer_mt.malloc import FreedMemory, keep_freed_memory, release_free_memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's options are glibc's")
 
@@ -43,7 +43,7 @@ def test_it_can_be_called_again() -> None:
 
 RELEASE = """
 import torch
-from transformer_mt.malloc import keep_freed_memory, release_free_memory
+from transformer_mt.malloc import FreedMemory, keep_freed_memory, release_free_memory
 
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
@@ -68,3 +68,45 @@ def test_release_free_memory_gives_the_holes_back() -> None:
 def test_release_free_memory_leaves_tmt_malloc_system_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMT_MALLOC", "system")
     assert release_free_memory() is False
+
+
+SLACK = """
+import sys
+import torch
+from transformer_mt.malloc import FreedMemory, keep_freed_memory
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+
+keep_freed_memory()
+freed = FreedMemory(slack=int(sys.argv[1]) << 20)
+small = [torch.ones(1 << 18) for _ in range(40)]  # 40 MiB, then freed: within a 100 MiB slack
+held = small[::8]
+del small
+quiet = freed.check()
+blocks = [torch.ones(1 << 18) for _ in range(400)]  # 400 MiB, below the mmap threshold: the heap
+held += blocks[::8]
+del blocks
+before = rss_mb()
+print(quiet, freed.check(), before - rss_mb(), freed.check(), float(sum(b.sum() for b in held)))
+"""
+
+
+@glibc
+def test_freed_memory_trims_only_past_its_slack() -> None:
+    def run(slack_mib: int) -> list[str]:
+        cmd = [sys.executable, "-c", SLACK, str(slack_mib)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+
+    quiet, trimmed, given_back, again, total = run(100)
+    assert (quiet, trimmed, again) == ("False", "True", "False")  # 35 MiB freed: kept; 350 more: given back, once
+    assert int(given_back) > 250
+    assert float(total) == (5 + 50) * (1 << 18)
+    quiet, trimmed, given_back, *_ = run(1000)  # a slack above what was freed: nothing given back
+    assert (quiet, trimmed) == ("False", "False") and int(given_back) < 20
+
+
+def test_freed_memory_does_nothing_under_tmt_malloc_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMT_MALLOC", "system")
+    freed = FreedMemory(slack=0)
+    assert freed.check() is False

@@ -60,7 +60,7 @@ itself all the same, which costs less per step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -204,12 +204,13 @@ def constrained_search(
     no_repeat_ngram: int = 0,
     stopping: Literal["exact", "k_finished"] = "exact",
     continues_word: Tensor | None = None,
+    after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """`beam_search` whose every hypothesis of sentence i contains the phrases ``constraints[i]`` (module docstring).
 
     ``continues_word`` (V,) bool: the tokens that continue the word before
     them (`word_continuations`); given, none may follow a completed phrase
-    (rule 7).
+    (rule 7). ``after_step``: called after every step, as in `beam_search`.
 
     Raises `ConstraintLengthError` (the first sentence at fault) when a
     sentence's constraint tokens exceed its maximum output length.
@@ -257,6 +258,8 @@ def constrained_search(
         phrases = phrases.select(keep)
         beams = _advance(beams, live_scores, live_beam, live_token, done, k)
         step += 1
+        if after_step is not None:
+            after_step()
     return [hyps[:nbest] for hyps in finished.hyps]
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -110,6 +110,7 @@ def sample_search(
     max_positions: int | None = None,
     no_repeat_ngram: int = 0,
     prefixes: Sequence[Sequence[int]] | None = None,
+    after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """``samples`` samples of each sentence of ``src`` (B, S); ``sources``: the token ids of its rows (the seeds).
 
@@ -118,6 +119,7 @@ def sample_search(
     as in beam search (`transformer_mt.decode.search.restrict`).
     Each sample is a row of its own (the source is encoded once per sample),
     and a finished sample leaves the batch, its cache rows dropped.
+    ``after_step``: called after every step, as in `beam_search`.
     """
     rows = src.repeat_interleave(samples, dim=0)  # row i*samples + j: sample j of sentence i
     max_len = max_output_lengths(rows, max_len_a, max_len_b, max_positions).to(src.device)
@@ -147,6 +149,8 @@ def sample_search(
                 cache.reorder(keep, sentences=keep)
             active, tokens = active.index_select(0, keep), tokens.index_select(0, keep)
         step += 1
+        if after_step is not None:
+            after_step()
     return [[results[i * samples + j] for j in range(samples)] for i in range(src.shape[0])]
 
 

@@ -72,7 +72,7 @@ exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -238,6 +238,7 @@ def beam_search(
     no_repeat_ngram: int = 0,
     stopping: Literal["exact", "k_finished"] = "exact",
     prefixes: Sequence[Sequence[int]] | None = None,
+    after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
 
@@ -245,8 +246,9 @@ def beam_search(
     hypotheses (fewer only if fewer exist), best first. ``use_cache=False``
     re-decodes the whole prefix every step (slow; for testing the cache).
     ``prefixes``: per sentence, target ids its output must start with ([]:
-    none), each no longer than its maximum length. See the module docstring
-    for the exact search and stopping rules.
+    none), each no longer than its maximum length. ``after_step``: called
+    after every step (a decoder's `transformer_mt.malloc.FreedMemory.check`).
+    See the module docstring for the exact search and stopping rules.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -269,6 +271,8 @@ def beam_search(
         done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
         beams = _advance(beams, live_scores, live_beam, live_token, done, k)
         step += 1
+        if after_step is not None:
+            after_step()
     return [hyps[:nbest] for hyps in finished.hyps]
 
 

@@ -50,7 +50,7 @@ from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import Hypothesis, beam_search, max_output_lengths, pad_batch
 from transformer_mt.errors import UserError, out_of_memory
 from transformer_mt.files import atomic_write_lines
-from transformer_mt.malloc import release_free_memory
+from transformer_mt.malloc import FreedMemory
 from transformer_mt.model.transformer import Transformer
 
 
@@ -109,6 +109,7 @@ class Translator:
         self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
         self.constraints = False  # True: each line is source<TAB>phrase<TAB>... (`translate_constrained`)
+        self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``--set decode.*``
@@ -231,7 +232,7 @@ class Translator:
                 for i, hyps in zip(batch, found, strict=True):
                     results[i] = hyps
                 bar.update(len(batch))
-                release_free_memory()  # what the batch freed goes back to the system: memory stays at one batch's
+                self.freed.release()  # what the batch freed goes back to the system: memory stays at one batch's
         return results
 
     def _progress(self, total: int) -> contextlib.AbstractContextManager[tqdm]:
@@ -346,7 +347,7 @@ class Translator:
                     for i, translations in zip(batch, texts, strict=True):
                         results[i] = translations
                     bar.update(len(batch))
-                    release_free_memory()
+                    self.freed.release()
         return results
 
     def _texts(self, hyps: list[Hypothesis], nbest: int) -> list[Translation]:
@@ -363,7 +364,7 @@ class Translator:
             self.model, pad_batch(sources).to(self.device), phrases, beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
-            continues_word=continues_word,
+            continues_word=continues_word, after_step=self.freed.check,
         )  # fmt: skip
 
     def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
@@ -393,13 +394,13 @@ class Translator:
                 self.model, pad_batch(sources).to(self.device), sources, sampling, temperature=d.sampling_temperature,
                 seed=d.seed, samples=nbest, len_penalty=d.len_penalty, len_penalty_form=d.len_penalty_form,
                 max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=self.cfg.model.max_positions,
-                no_repeat_ngram=d.no_repeat_ngram, prefixes=prefixes,
+                no_repeat_ngram=d.no_repeat_ngram, prefixes=prefixes, after_step=self.freed.check,
             )  # fmt: skip
         return beam_search(
             self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
             len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
             max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
-            prefixes=prefixes,
+            prefixes=prefixes, after_step=self.freed.check,
         )  # fmt: skip
 
 
