@@ -22,9 +22,9 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, check_weights
 from transformer_mt.config import Config, config_from_dict, field_differences
 from transformer_mt.data.batching import resume_position
-from transformer_mt.errors import shown
+from transformer_mt.errors import Interrupted, shown
 from transformer_mt.train.build import RunData
-from transformer_mt.train.checkpoint import BEST_NAME, find_resume_checkpoint
+from transformer_mt.train.checkpoint import BEST_NAME, find_resume_checkpoint, list_checkpoints
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.init_from import load_init_weights
@@ -198,3 +198,13 @@ def restart_epoch(env: DistEnv, epochs: Epochs, path: Path, changes: list[str], 
             file=sys.stderr,
         )
     return 0
+
+
+def interrupted(update: int, save_dir: Path) -> Interrupted:
+    """Ctrl-C: where the run was, and the checkpoint the same command resumes from (a save cut short is not
+    one: its temporary file is gone, and the one before it is whole)."""
+    done = f"interrupted at update {update}"
+    newest = next(reversed(list_checkpoints(save_dir)), None)
+    if newest is None:
+        return Interrupted(f"{done}, before the first checkpoint; the same tmt train command starts the run again")
+    return Interrupted(f"{done}; the newest checkpoint is {newest}: the same tmt train command resumes from it")

@@ -29,23 +29,16 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.data.dataset import Batch
-from transformer_mt.errors import Interrupted
 from transformer_mt.malloc import release_free_memory
 from transformer_mt.train.budget import Budget, Clock, horizon_updates
 from transformer_mt.train.build import build_stepper, load_run_data
-from transformer_mt.train.checkpoint import (
-    BEST_NAME,
-    checkpoint_name,
-    list_checkpoints,
-    prune_checkpoints,
-    strip_older_checkpoints,
-)
+from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, prune_checkpoints, strip_older_checkpoints
 from transformer_mt.train.distributed import DistEnv, barrier, cleanup, setup
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.metrics import RunLog, Window, final_warnings
 from transformer_mt.train.nonfinite import NonfinitePolicy
 from transformer_mt.train.prefetch import prefetched
-from transformer_mt.train.resume import resume, start_from_weights
+from transformer_mt.train.resume import interrupted, resume, start_from_weights
 from transformer_mt.train.run_files import RunFiles, rng_state
 from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule
@@ -123,15 +116,6 @@ class Trainer:
                 self.stop_reason = self.stop_reason or f"max_epochs={tc.max_epochs}"  # every group of the last epoch
         bar.close()
         return self._finish()
-
-    def interrupted(self) -> Interrupted:
-        """Ctrl-C: where the run was, and the checkpoint the same command resumes from (a save cut short is
-        not one: its temporary file is gone, and the one before it is whole)."""
-        done = f"interrupted at update {self.progress.update}"
-        newest = next(reversed(list_checkpoints(self.save_dir)), None)
-        if newest is None:
-            return Interrupted(f"{done}, before the first checkpoint; the same tmt train command starts the run again")
-        return Interrupted(f"{done}; the newest checkpoint is {newest}: the same tmt train command resumes from it")
 
     def _spent(self) -> str:
         """Why a resumed run has nothing left to train, as a user would set it; "" when it has."""
@@ -299,7 +283,7 @@ def train_model(cfg: Config, clock: Clock = time.monotonic) -> TrainResult:
             try:
                 return trainer.run()
             except KeyboardInterrupt:
-                raise trainer.interrupted() from None
+                raise interrupted(trainer.progress.update, trainer.save_dir) from None
     finally:
         cleanup(env)
         torch.set_num_threads(threads)
