@@ -407,3 +407,26 @@ def test_cli_without_constraints_a_tab_is_part_of_the_source(toy_ckpt: Path, toy
     result = translate_cli("-c", str(toy_ckpt), stdin=f"{sources[0]}\t\t\n")
     assert result.exit_code == 0, result.output
     assert result.stdout == translate_cli("-c", str(toy_ckpt), stdin=f"{sources[0]}\n").stdout
+
+
+def test_cli_constraints_with_alignments(toy_ckpt: Path, toy_lines) -> None:
+    """--alignment with --constraints: each output line (constrained, unconstrained or empty) gets its alignment
+    column, in pairs over the line's own source and target words; the translations are those without it."""
+    sources, refs = toy_lines
+    phrase = refs[0].split()[1]
+    stdin = f"{sources[0]}\t{phrase}\n\n{sources[1]}\n"
+    aligned = translate_cli("-c", str(toy_ckpt), "--constraints", "--alignment", "hard", stdin=stdin)
+    plain = translate_cli("-c", str(toy_ckpt), "--constraints", stdin=stdin)
+    assert aligned.exit_code == 0 and plain.exit_code == 0, aligned.output + plain.output
+    rows = [row.split("\t") for row in aligned.stdout.splitlines()]
+    assert [r[0] for r in rows] == plain.stdout.splitlines() and rows[1] == ["", ""]
+    for (text, alignment), source in zip(rows[::2], sources[:2], strict=True):
+        pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+        assert pairs and all(i < len(source.split()) and j < len(text.split()) for i, j in pairs)
+
+
+def test_cli_constraints_refuse_sampling(toy_ckpt: Path, toy_lines) -> None:
+    sources, refs = toy_lines
+    result = translate_cli("-c", str(toy_ckpt), "--constraints", "--sample", "topk:5", stdin=f"{sources[0]}\tx\n")
+    assert result.exit_code == 2, result.output
+    assert "cannot be combined; drop --sample" in " ".join(result.output.split())

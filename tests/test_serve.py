@@ -305,6 +305,8 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
         assert r.status_code == 400 and "engine pytorch" in r.json()["error"]
         r = client.post("/v1/translate", json={"sources": lines[:1], "alignment": "hard"})
         assert r.status_code == 400 and "--alignment reads the attention of one tmt model" in r.json()["error"]
+        r = client.post("/v1/translate", json={"sources": lines[:1], "constraints": [["Hund"]]})
+        assert r.status_code == 400 and "CTranslate2 has no lexical constraints" in r.json()["error"]
     assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged
 
 
@@ -355,3 +357,44 @@ def test_v1_prefixes_start_each_translation(client, translator: Translator, line
     assert got[0]["translation"].startswith("Die Katze") and got[2]["translation"].startswith("der Mann , der")
     r = client.post("/v1/translate", json={"sources": lines[:2], "prefixes": ["", "Die ☃"]})
     assert r.status_code == 400 and "prefixes: line 2: '☃' is not in the model's vocabulary" in r.json()["error"]
+
+
+def test_v1_constraints_are_translate_constraints_whatever_shares_the_round(
+    client, translator, lines, prepared_toy: Config
+) -> None:
+    """Each line's translations hold its phrases and equal `tmt translate --constraints`'s of the line alone;
+    requests with and without constraints in one round each get their own."""
+    refs = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()
+    constraints = [[refs[0].split()[1]], [], [refs[2].split()[0], refs[2].split()[-2]]]
+    tabbed = ["\t".join([line, *c]) for line, c in zip(lines[:3], constraints, strict=True)]
+    expected = [translator.translate_constrained([line], nbest=2)[0] for line in tabbed]
+    batcher = client.batcher
+    with_c = batcher.submit(Job(lines[:3], nbest=2, constraints=constraints))
+    without = batcher.submit(Job(lines[:3], nbest=2))
+    assert [[h.text for h in t] for t in with_c.result(timeout=60)] == [[h.text for h in e] for e in expected]
+    assert without.result(timeout=60) == translator.translate_lines_nbest(lines[:3], nbest=2)
+    r = client.post("/v1/translate", json={"sources": lines[:3], "constraints": constraints, "nbest": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    assert [[h["translation"] for h in t["nbest"]] for t in got] == [[h.text for h in e] for e in expected]
+    for t, phrases in zip(got, constraints, strict=True):
+        assert all(p in h["translation"] for h in t["nbest"] for p in phrases)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"constraints": [["x"]]}, "constraints", "has 1 entries for 2 sources"),
+        ({"constraints": ["x", []]}, "constraints", "one list of phrases (strings) per source"),
+        ({"constraints": [[""], []]}, "constraints[0][0]", "a non-empty phrase"),
+        ({"constraints": [[], ["a\tb"]]}, "constraints[1][0]", "without tabs"),
+        ({"constraints": [[], []], "prefixes": ["", ""]}, "constraints", "cannot be combined with 'prefixes'"),
+        ({"constraints": [[], []], "sample": "topk:3"}, "constraints", "cannot be combined with 'sample'"),
+        ({"constraints": [[], ["Hund \u2603"]]}, "constraints[1]", "sources[1]: constraint 1"),
+    ],
+)
+def test_v1_bad_constraints_are_400_naming_the_field(client, lines, body, field, message) -> None:
+    r = client.post("/v1/translate", json={"sources": lines[:2], **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == field and message in r.json()["error"], r.json()
+    assert client.post("/v1/translate", json={"sources": lines[:1]}).status_code == 200  # the worker lives on

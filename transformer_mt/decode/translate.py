@@ -24,7 +24,6 @@ import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import sentencepiece as spm
@@ -58,6 +57,10 @@ class TranslateError(UserError):
     """Input or checkpoint problems a user can fix; the message names the file (and line) and the fix."""
 
 
+CONSTRAINTS_SAMPLING = (
+    "--constraints runs a beam search and --sample draws one token at a time: they cannot be combined; drop "
+    "--sample (and --temperature) to translate with the constraints"
+)
 CONSTRAINTS_ENGINE = (
     "--constraints needs tmt's own search (--engine pytorch): CTranslate2 has no lexical constraints; translate "
     "with the checkpoint the export came from"
@@ -295,10 +298,19 @@ class Translator:
         )
 
     def _translate_batch(
-        self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
+        self,
+        sources: list[list[int]],
+        nbest: int,
+        prefixes: list[list[int]] | None = None,
+        phrases: tuple[list[list[list[int]]], torch.Tensor] | None = None,
     ) -> list[list[Translation]]:
+        """The ``nbest`` translations of each source, with their alignments when asked; ``phrases``: each
+        source's constraint phrases and the tokens that continue a word (`_constrained_search`)."""
         with out_of_memory(lambda: self._oom_message(sources), TranslateError):
-            found = self.search(sources, nbest, prefixes)
+            if phrases is None:
+                found = self.search(sources, nbest, prefixes)
+            else:
+                found = self._constrained_search(sources, phrases[0], nbest, phrases[1])
             aligned = self._alignments(sources, found)
         empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results = []
@@ -322,38 +334,29 @@ class Translator:
         if self.engine_search is not None:
             raise TranslateError(CONSTRAINTS_ENGINE)
         d = self.cfg.decode
+        if d.sampling != "none":
+            raise TranslateError(CONSTRAINTS_SAMPLING)
         split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
         ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
         phrases = [encode_constraints(self.bpe, texts, start + i) for i, (_, texts) in enumerate(split)]
         for i, (x, p) in enumerate(zip(ids, phrases, strict=True)):
             if p:
                 check_lengths(start + i, p, x, d.max_len_a, d.max_len_b, self.cfg.model.max_positions)
-        results: list[list[Translation]] = [[Translation("", 0.0, 0.0)] * nbest if not x else [] for x in ids]
+        empty = Translation("", 0.0, 0.0, None if d.alignment == "none" else "")
+        results: list[list[Translation]] = [[empty] * nbest if not x else [] for x in ids]
         continues_word = word_continuations(self.bpe).to(self.device)
         groups = ([i for i, x in enumerate(ids) if x and not phrases[i]], [i for i, x in enumerate(ids) if phrases[i]])
         with self._progress(len(lines)) as bar:
             bar.update(len(lines) - len(groups[0]) - len(groups[1]))
             for group, constrained in zip(groups, (False, True), strict=True):
                 for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
-                    sources = [ids[i] for i in batch]
-                    if constrained:
-                        with out_of_memory(partial(self._oom_message, sources), TranslateError):
-                            found = self._constrained_search(
-                                sources, [phrases[i] for i in batch], nbest, continues_word
-                            )
-                        texts = [self._texts(hyps, nbest) for hyps in found]
-                    else:
-                        texts = self._translate_batch(sources, nbest)
+                    batch_phrases = ([phrases[i] for i in batch], continues_word) if constrained else None
+                    texts = self._translate_batch([ids[i] for i in batch], nbest, phrases=batch_phrases)
                     for i, translations in zip(batch, texts, strict=True):
                         results[i] = translations
                     bar.update(len(batch))
                     self.freed.release()
         return results
-
-    def _texts(self, hyps: list[Hypothesis], nbest: int) -> list[Translation]:
-        """``nbest`` translations of the hypotheses of one line: empty ones with -inf after those found."""
-        found = [Translation(self.bpe.decode(h.tokens), h.score, h.log_prob) for h in hyps]
-        return found + [Translation("", float("-inf"), float("-inf"))] * (nbest - len(found))
 
     def _constrained_search(
         self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int, continues_word: torch.Tensor

@@ -23,6 +23,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
+from transformer_mt.decode.constrained import encode_constraints
+from transformer_mt.decode.translate import CONSTRAINTS_ENGINE, Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.protocol import (
@@ -94,6 +96,8 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: 
         translator = batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
         for i, (source, prefix) in enumerate(zip(parsed.job.lines, parsed.job.prefixes or [], strict=False)):
             translator.encode_prefix(i, prefix, translator.encode(i, source), origin="prefixes")  # its errors too
+        if parsed.job.constraints is not None:
+            check_constraints(translator, parsed.job.constraints)
         return v1_response(await submit(parsed.job))
 
     async def answer(parse: Any, request: Request, respond: Any) -> Response:
@@ -206,3 +210,16 @@ async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
 
 async def _close(ws: WebSocket, err: RequestError) -> None:
     await ws.close(code=1013 if err.status in (429, 503) else 1008, reason=err.message[:120])
+
+
+def check_constraints(translator: Translator, constraints: list[list[str]]) -> None:
+    """Refuse, before the queue, constraints that no translation could hold: an engine without constrained
+    search, or a phrase with characters the vocabulary lacks (the error names its source)."""
+    if translator.engine_search is not None:
+        raise RequestError(400, CONSTRAINTS_ENGINE.replace("--constraints", "'constraints'"), "constraints")
+    for i, phrases in enumerate(constraints):
+        try:
+            encode_constraints(translator.bpe, phrases, i)
+        except UserError as err:
+            message = " ".join(str(err).split()).replace(f"--constraints: line {i + 1}", f"sources[{i}]")
+            raise RequestError(400, message, f"constraints[{i}]") from None

@@ -12,7 +12,9 @@ does not depend on its batch, so it equals `tmt translate`'s.
 
 Requests with other decoding settings (a ``beam`` or ``len_penalty`` of
 their own) are translated in a group of their own within the same round;
-forced prefixes travel with their lines (a line without one: "").
+forced prefixes travel with their lines (a line without one: ""), and
+requests with constraints form groups of their own
+(`Translator.translate_constrained`).
 Model work never runs on the event loop, and the worker survives any error:
 the failed group's futures get the exception, the others their results.
 """
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformer_mt.data.clean import normalize
-from transformer_mt.decode.translate import Translator
+from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.serve.protocol import Job
 
 
@@ -151,19 +153,17 @@ class Batcher:
 
     def _translate(self, round_: list[_Pending]) -> None:
         """Each group of one decoding setting in one `translate_lines_nbest` call; calls run on their own."""
-        groups: dict[tuple[tuple[str, ...], int], list[_Pending]] = {}
+        groups: dict[tuple[tuple[str, ...], int, bool], list[_Pending]] = {}
         for pending in round_:
             if pending.job is None:
                 self._run_call(pending)
             elif pending.future.set_running_or_notify_cancel():
-                groups.setdefault((pending.job.overrides, pending.job.nbest), []).append(pending)
-        for (overrides, nbest), group in groups.items():
-            lines = [line for pending in group for line in pending.job.lines]
-            prefixes = [p for pending in group for p in pending.job.prefixes or [""] * len(pending.job.lines)]
+                key = (pending.job.overrides, pending.job.nbest, pending.job.constraints is not None)
+                groups.setdefault(key, []).append(pending)
+        for (overrides, nbest, constrained), group in groups.items():
             try:
-                translator = self.translator.with_decode(overrides)
-                results = translator.translate_lines_nbest(
-                    lines, nbest=nbest, prefixes=prefixes if any(prefixes) else None
+                results = self._results(
+                    self.translator.with_decode(overrides), [p.job for p in group], nbest, constrained
                 )
             except BaseException as err:  # the worker must outlive any request: its futures carry the error
                 self.stats.errors += 1
@@ -178,6 +178,16 @@ class Batcher:
                 start += n
                 self.stats.requests += 1
                 self.stats.lines += n
+
+    @staticmethod
+    def _results(translator: Translator, jobs: list[Job], nbest: int, constrained: bool) -> list[list[Translation]]:
+        """The translations of the lines of ``jobs`` (one decoding setting), in order: with their forced prefixes,
+        or their constraints (`Translator.translate_constrained`)."""
+        if constrained:
+            return translator.translate_constrained([line for job in jobs for line in job.constrained_lines()], nbest)
+        lines = [line for job in jobs for line in job.lines]
+        prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
+        return translator.translate_lines_nbest(lines, nbest=nbest, prefixes=prefixes if any(prefixes) else None)
 
     @staticmethod
     def _run_call(pending: _Pending) -> None:

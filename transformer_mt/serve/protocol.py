@@ -9,7 +9,8 @@ Two request shapes share one worker:
 - ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
   optional ``beam``, ``nbest``, ``len_penalty``, for sampling ``sample``,
   ``temperature``, ``seed``, ``prefixes``, one forced target prefix per
-  source, and ``alignment``, "hard" or "soft"), answered with each line's
+  source, ``constraints``, phrases each source's translations must contain,
+  and ``alignment``, "hard" or "soft"), answered with each line's
   translation, score and n-best list (``nbest`` samples with ``sample``),
   each with its word alignment when asked (`transformer_mt.decode.align`).
 
@@ -67,6 +68,11 @@ class Job:
     nbest: int = 1
     overrides: tuple[str, ...] = ()
     prefixes: list[str] | None = None  # per line, the target text its translations start with ("" for none)
+    constraints: list[list[str]] | None = None  # per line, phrases its translations must contain ([] for none)
+
+    def constrained_lines(self) -> list[str]:
+        """The lines in `tmt translate --constraints`'s format: the source, then its phrases, tab-separated."""
+        return ["\t".join([line, *phrases]) for line, phrases in zip(self.lines, self.constraints or [], strict=True)]
 
 
 @dataclass(frozen=True)
@@ -209,11 +215,17 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
         if alignment not in ALIGNMENTS:
             raise RequestError(400, f'\'alignment\' must be "hard" or "soft", got {alignment!r}', "alignment")
         overrides.append(f"decode.alignment={alignment}")
-    prefixes = _prefixes(raw, len(sources))
-    return V1Request(Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes))
+    prefixes, constraints = _prefixes(raw, len(sources)), _constraints(raw, len(sources))
+    if constraints is not None and (prefixes is not None or sample is not None):
+        other = "prefixes" if prefixes is not None else "sample"
+        raise RequestError(400, f"'constraints' cannot be combined with '{other}'; send one of them", "constraints")
+    job = Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes, constraints=constraints)
+    return V1Request(job)
 
 
-V1_FIELDS = ("sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes", "alignment")
+V1_FIELDS = (
+    "sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes", "alignment", "constraints",
+)  # fmt: skip
 ALIGNMENTS = ("hard", "soft")  # decode.alignment's values besides "none"
 
 
@@ -232,6 +244,29 @@ def _prefixes(raw: dict[str, Any], lines: int) -> list[str] | None:
         if "\n" in prefix or "\r" in prefix:
             raise RequestError(400, f"prefixes[{i}] holds a line break; a prefix is one line", f"prefixes[{i}]")
     return list(prefixes)
+
+
+def _constraints(raw: dict[str, Any], lines: int) -> list[list[str]] | None:
+    """``constraints``: per source, a list of phrases its translations must contain ([] for none), or absent."""
+    constraints = raw.get("constraints")
+    if constraints is None:
+        return None
+    shape = "'constraints' must be a list with one list of phrases (strings) per source ([] for none)"
+    if not isinstance(constraints, list) or not all(isinstance(c, list) for c in constraints):
+        raise RequestError(400, shape, "constraints")
+    if len(constraints) != lines:
+        raise RequestError(
+            400, f"'constraints' has {len(constraints)} entries for {lines} sources; {shape}", "constraints"
+        )
+    for i, phrases in enumerate(constraints):
+        for j, phrase in enumerate(phrases):
+            if not isinstance(phrase, str) or not phrase.strip() or any(c in phrase for c in "\t\n\r"):
+                raise RequestError(
+                    400,
+                    f"constraints[{i}][{j}] must be a non-empty phrase on one line, without tabs",
+                    f"constraints[{i}][{j}]",
+                )
+    return [list(phrases) for phrases in constraints]
 
 
 def _whole(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
