@@ -46,7 +46,7 @@ from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.config import load_config
 from transformer_mt.evaluate import evaluate_checkpoint
 from transformer_mt.train.average import average_checkpoints, last_checkpoints
-from transformer_mt.train.checkpoint import checkpoint_update, list_checkpoints
+from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 
 RECIPES = {"tmt": "configs/multi30k.yaml", "fairseq": "configs/multi30k_fairseq.yaml"}
 DATA = "../shared/data/multi30k"

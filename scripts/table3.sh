@@ -72,7 +72,7 @@ train_on_gpus "$CONFIG" "$NGPUS"
 
 LAST=$("$PYTHON" -c '
 import sys
-from transformer_mt.train.checkpoint import newest_readable
+from transformer_mt.train.run_checkpoints import newest_readable
 found = newest_readable(sys.argv[1], 1)
 print(found[0] if found else "")
 ' "$RUN_DIR")

@@ -147,7 +147,7 @@ def toy_run(prepared_toy, tmp_path_factory) -> Path:
     import dataclasses
 
     from transformer_mt.evaluate import evaluate_checkpoint
-    from transformer_mt.train.checkpoint import newest_readable
+    from transformer_mt.train.run_checkpoints import newest_readable
     from transformer_mt.train.trainer import train_model
 
     root = tmp_path_factory.mktemp("toy_run")

@@ -19,7 +19,7 @@ from transformer_mt.checkpoint import load_checkpoint, read_average, read_checkp
 from transformer_mt.config import Config
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
-from transformer_mt.train.checkpoint import checkpoint_name
+from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.trainer import train_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

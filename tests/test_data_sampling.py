@@ -24,8 +24,8 @@ from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.prepare import is_prepared, load_manifest, prepare_data, prepare_hash, train_text_files
 from transformer_mt.data.sampling import BpeDropout, chunk_seed, sample_epoch
+from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.build import load_run_data
-from transformer_mt.train.checkpoint import checkpoint_name
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.run_files import batching_changes, batching_key

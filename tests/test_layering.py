@@ -64,7 +64,7 @@ def test_decode_does_not_import_train(graph):
 # docs/architecture.md's layers, first to last: a module imports only from its own layer or earlier ones (within
 # the first group, only the names before it).
 LAYERS = [
-    *(("errors",), ("malloc",), ("files",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
+    *(("errors",), ("malloc",), ("files",), ("run_names",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
     *(("data",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
     *(("report", "plots", "attention_maps", "init_config"), ("serve",), ("quickstart", "cli", "__main__")),
 ]
@@ -86,7 +86,7 @@ def test_every_module_imports_only_its_own_and_earlier_layers(graph):
 # Inside train/, the same rule (docs/architecture.md, "Training"): the loop last, its parts before it, each part
 # importing only the layers before its own; a module in the same layer as another does not import it.
 TRAIN_LAYERS = [
-    ("loss", "schedule", "distributed", "checkpoint", "mfu", "prefetch"),
+    ("loss", "schedule", "distributed", "run_checkpoints", "mfu", "prefetch"),
     ("step",),
     ("run_files", "run_lock", "init_from", "nonfinite", "average"),
     ("build",),

@@ -103,7 +103,7 @@ SCRIPT = CONFIGS.parent / "scripts" / "table3.sh"
 def _checkpoints(run_dir: Path, *updates: int) -> None:
     """Readable stand-ins for a run's periodic checkpoints (what `newest_readable` accepts)."""
     from transformer_mt.checkpoint import Checkpoint, Progress, write_checkpoint
-    from transformer_mt.train.checkpoint import checkpoint_name
+    from transformer_mt.run_names import checkpoint_name
 
     run_dir.mkdir(parents=True)
     for update in updates:

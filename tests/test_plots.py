@@ -21,7 +21,7 @@ from transformer_mt.paper import TABLE3
 from transformer_mt.plots import PlotError, attention_figure, curves_figure, new_figure, report_figure
 from transformer_mt.report import table3_points
 from transformer_mt.runs import read_run
-from transformer_mt.train.checkpoint import newest_readable
+from transformer_mt.train.run_checkpoints import newest_readable
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,8 +8,8 @@ from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkp
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
 from transformer_mt.errors import UserError
+from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
-from transformer_mt.train.checkpoint import checkpoint_name
 
 
 def _ckpt(path, update, model, spm=b"spm"):

@@ -141,7 +141,7 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
     import sys
 
     from transformer_mt.checkpoint import load_checkpoint
-    from transformer_mt.train.checkpoint import checkpoint_name
+    from transformer_mt.run_names import checkpoint_name
 
     run = tmp_path / "run"
     cfg = dataclasses.replace(prepared_toy, train=dataclasses.replace(prepared_toy.train, save_dir=str(run)))

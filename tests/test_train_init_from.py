@@ -19,7 +19,7 @@ from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.dataset import ParallelDataset
 from transformer_mt.data.prepare import load_manifest
 from transformer_mt.data.synthetic import write_corpus
-from transformer_mt.train.checkpoint import checkpoint_name
+from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.init_from import shape_mismatch
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import TrainError

@@ -20,8 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer_mt.config import Config, save_config
-from transformer_mt.train.checkpoint import checkpoint_name, list_checkpoints
+from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.distributed import DistEnv
+from transformer_mt.train.run_checkpoints import list_checkpoints
 from transformer_mt.train.run_lock import LOCK_NAME, RunLock, hold_run_dir
 from transformer_mt.train.step import TrainError
 from transformer_mt.train.trainer import train_model

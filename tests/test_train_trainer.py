@@ -23,11 +23,12 @@ from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.evaluate import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
+from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.budget import clock_marks
-from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, checkpoint_update, list_checkpoints
 from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.metrics import Window, final_warnings
+from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
 from transformer_mt.train.step import (
     Stepper,

@@ -35,6 +35,7 @@ import torch
 
 from transformer_mt.errors import UserError, shown
 from transformer_mt.files import atomic_open
+from transformer_mt.run_names import AVERAGE_NAME, BEST_NAME, CHECKPOINT_RE, CONFIG_NAME
 
 
 class CheckpointError(UserError):
@@ -313,7 +314,7 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
     return state
 
 
-RUN_DIR_CHOICES = ("average.pt", "checkpoint_best.pt")  # what ``-c RUN_DIR`` decodes with, in this order
+RUN_DIR_CHOICES = (AVERAGE_NAME, BEST_NAME)  # what ``-c RUN_DIR`` decodes with, in this order
 
 
 def run_dir_checkpoint(path: Path) -> Path | None:
@@ -335,7 +336,7 @@ def _directory_message(path: Path) -> str:
     )
 
 
-_TMT_CHECKPOINT_NAME = re.compile(r"checkpoint_(u\d+|best)\.pt|average\.pt")
+_TMT_CHECKPOINT_NAME = re.compile("|".join([CHECKPOINT_RE.pattern, *map(re.escape, (BEST_NAME, AVERAGE_NAME))]))
 
 
 def _unreadable(path: Path, err: Exception) -> CheckpointError:
@@ -359,7 +360,7 @@ def _unreadable(path: Path, err: Exception) -> CheckpointError:
             f"{path}: a text file (a config?), not a checkpoint; -c takes a checkpoint that tmt train or tmt average "
             "wrote, such as runs/NAME/average.pt or runs/NAME/checkpoint_best.pt"
         )
-    if _TMT_CHECKPOINT_NAME.fullmatch(path.name) and (path.parent / "config.yaml").is_file():
+    if _TMT_CHECKPOINT_NAME.fullmatch(path.name) and (path.parent / CONFIG_NAME).is_file():
         return CheckpointError(
             f"{path}: not a readable checkpoint: the file is truncated or corrupt; it is one of this run's own "
             "checkpoints: delete it, or pick another checkpoint of the run"

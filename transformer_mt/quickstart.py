@@ -16,6 +16,7 @@ import typer
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.data.clean import read_lines
+from transformer_mt.run_names import AVERAGE_NAME
 
 TOY_CONFIG = "tmt:toy.yaml"
 EXAMPLES = 3
@@ -60,7 +61,7 @@ def run_quickstart(workdir: Path, overrides: tuple[str, ...] = ()) -> dict:
     train_model(cfg)
 
     _stage(3, f"average the last {cfg.train.average_last} checkpoints")
-    averaged = run_dir / "average.pt"
+    averaged = run_dir / AVERAGE_NAME
     average_checkpoints(last_checkpoints(run_dir, cfg.train.average_last), averaged)
 
     d = cfg.decode

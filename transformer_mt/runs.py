@@ -27,6 +27,7 @@ import yaml
 
 from transformer_mt.config import Config, ConfigError, config_from_dict
 from transformer_mt.errors import UserError
+from transformer_mt.run_names import CONFIG_NAME, METRICS_NAME, SCORES_NAME
 
 
 class RunError(UserError):
@@ -174,7 +175,7 @@ class Run:
 def read_run(path: str | Path) -> Run:
     """Read a run directory (``train.save_dir`` of `tmt train`); RunError when it holds no config.yaml."""
     path = Path(path)
-    config = path / "config.yaml"
+    config = path / CONFIG_NAME
     if not config.is_file():
         raise RunError(
             f"{path}: no config.yaml, so not a run directory of `tmt train`; pass the train.save_dir of a run "
@@ -184,7 +185,7 @@ def read_run(path: str | Path) -> Run:
         cfg = config_from_dict(yaml.safe_load(config.read_text(encoding="utf-8")) or {}, origin=str(config))
     except (ConfigError, yaml.YAMLError) as err:
         raise RunError(f"{config}: not a config `tmt train` wrote ({err})") from None
-    return Run(path, cfg, read_metrics(path / "metrics.jsonl"), read_scores(path))
+    return Run(path, cfg, read_metrics(path / METRICS_NAME), read_scores(path))
 
 
 def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
@@ -210,7 +211,7 @@ def read_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
     it count under their ``testset``.
     """
     found: dict[str, tuple[float, dict[str, Any]]] = {}
-    for path in run_dir.glob("*/scores.json"):
+    for path in run_dir.glob(f"*/{SCORES_NAME}"):
         try:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):

@@ -52,6 +52,7 @@ from transformer_mt.errors import UserError
 from transformer_mt.export.normalizer import check_normalization, normalizing_spm
 from transformer_mt.files import check_output_parent
 from transformer_mt.model.transformer import Transformer
+from transformer_mt.run_names import EVAL_PREFIX, SCORES_NAME
 
 
 class HfExportError(UserError):
@@ -263,7 +264,7 @@ def _scores(checkpoints: Sequence[Path]) -> list[dict[str, Any]]:
     """The `tmt evaluate` results beside the first checkpoint that were decoded from these checkpoints."""
     wanted = {p.resolve() for p in checkpoints}
     found = []
-    for path in sorted(checkpoints[0].parent.glob("eval_*/scores.json")):
+    for path in sorted(checkpoints[0].parent.glob(f"{EVAL_PREFIX}*/{SCORES_NAME}")):
         try:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -15,7 +15,8 @@ from pathlib import Path
 from transformer_mt.checkpoint import Checkpoint, read_average, write_checkpoint
 from transformer_mt.config import ConfigError, TrainConfig, load_config
 from transformer_mt.errors import UserError
-from transformer_mt.train.checkpoint import list_checkpoints, newest_readable
+from transformer_mt.run_names import CONFIG_NAME
+from transformer_mt.train.run_checkpoints import list_checkpoints, newest_readable
 
 
 class AverageError(UserError):
@@ -49,7 +50,7 @@ def last_checkpoints(run_dir: str | Path, k: int) -> list[Path]:
 
 def default_last(run_dir: str | Path) -> int:
     """The run's ``train.average_last`` from its config.yaml (5, the paper's base setting, when there is none)."""
-    path = Path(run_dir) / "config.yaml"
+    path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         return TrainConfig.average_last
     try:

@@ -23,11 +23,12 @@ from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, Tra
 from transformer_mt.config import Config, config_from_dict, field_differences
 from transformer_mt.data.batching import resume_position
 from transformer_mt.errors import Interrupted, shown
+from transformer_mt.run_names import BEST_NAME
 from transformer_mt.train.build import RunData
-from transformer_mt.train.checkpoint import BEST_NAME, find_resume_checkpoint, list_checkpoints
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.init_from import load_init_weights
+from transformer_mt.train.run_checkpoints import find_resume_checkpoint, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, restore_rng
 from transformer_mt.train.schedule import load_optimizer_state
 from transformer_mt.train.step import Stepper, TrainError

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from transformer_mt.config import Config, save_config
 from transformer_mt.files import atomic_write_text
 from transformer_mt.model.transformer import flops_per_token
+from transformer_mt.run_names import CONFIG_NAME, METRICS_NAME
 from transformer_mt.runs import Record, StartRecord
 from transformer_mt.train.distributed import DistEnv, all_gather_object
 from transformer_mt.train.step import TrainError
@@ -131,9 +132,9 @@ def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 def write_config(cfg: Config, save_dir: Path) -> None:
     """``save_dir/config.yaml``, written whole or not at all (`save_config` writes atomically)."""
     try:
-        save_config(cfg, save_dir / "config.yaml")
+        save_config(cfg, save_dir / CONFIG_NAME)
     except OSError as err:
-        raise unwritable(save_dir / "config.yaml", err) from None
+        raise unwritable(save_dir / CONFIG_NAME, err) from None
 
 
 def start_record(
@@ -174,7 +175,7 @@ class RunFiles:
     def open(cls, save_dir: Path, resume_update: int | None) -> RunFiles:
         """Open for appending after the lines up to ``resume_update``; ``None`` (a fresh start) empties the file."""
         save_dir.mkdir(parents=True, exist_ok=True)
-        path = save_dir / "metrics.jsonl"
+        path = save_dir / METRICS_NAME
         if path.is_file():
             truncate_metrics(path, resume_update)
         try:
@@ -195,7 +196,7 @@ class RunFiles:
             self._metrics.write(json.dumps(record) + "\n")
             self._metrics.flush()
         except OSError as err:
-            raise unwritable(self.save_dir / "metrics.jsonl", err) from None
+            raise unwritable(self.save_dir / METRICS_NAME, err) from None
         if self.tensorboard is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("update", "epoch"):

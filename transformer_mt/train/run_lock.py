@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.files import remove_leftovers
+from transformer_mt.run_names import BEST_NAME, CHECKPOINT_RE, CONFIG_NAME, LOCK_NAME, METRICS_NAME
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.step import TrainError
 
-LOCK_NAME = ".lock"
 # The files a trainer writes atomically in save_dir: a temporary file of one of them is a killed save's
 # leftover once the lock is ours. Not average.pt: `tmt average` may be writing it right now.
-TRAINER_FILES = re.compile(r"checkpoint_u\d+\.pt|checkpoint_best\.pt|config\.yaml|metrics\.jsonl")
+TRAINER_FILES = re.compile("|".join([CHECKPOINT_RE.pattern, *map(re.escape, (BEST_NAME, CONFIG_NAME, METRICS_NAME))]))
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 

@@ -30,15 +30,16 @@ from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write
 from transformer_mt.config import Config
 from transformer_mt.data.dataset import Batch
 from transformer_mt.malloc import release_free_memory
+from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.budget import Budget, Clock, horizon_updates
 from transformer_mt.train.build import build_stepper, load_run_data
-from transformer_mt.train.checkpoint import BEST_NAME, checkpoint_name, prune_checkpoints, strip_older_checkpoints
 from transformer_mt.train.distributed import DistEnv, barrier, cleanup, setup
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.metrics import RunLog, Window, final_warnings
 from transformer_mt.train.nonfinite import NonfinitePolicy
 from transformer_mt.train.prefetch import prefetched
 from transformer_mt.train.resume import interrupted, resume, start_from_weights
+from transformer_mt.train.run_checkpoints import prune_checkpoints, strip_older_checkpoints
 from transformer_mt.train.run_files import RunFiles, rng_state
 from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.schedule import Schedule

@@ -10,10 +10,9 @@ import torch
 from test_checkpoint import _state
 
 from transformer_mt.checkpoint import checkpoint_problem, load_checkpoint, read_checkpoint, save_checkpoint
-from transformer_mt.train import checkpoint as ck
-from transformer_mt.train.checkpoint import (
-    BEST_NAME,
-    checkpoint_name,
+from transformer_mt.run_names import BEST_NAME, checkpoint_name
+from transformer_mt.train import run_checkpoints as ck
+from transformer_mt.train.run_checkpoints import (
     find_resume_checkpoint,
     list_checkpoints,
     prune_checkpoints,
@@ -136,7 +135,7 @@ def test_resume_takes_the_best_checkpoint_when_the_newest_is_unreadable_and_the_
 
 _KILLED_IN_STRIP = """
 import os, signal, sys
-from transformer_mt.train.checkpoint import strip_older_checkpoints
+from transformer_mt.train.run_checkpoints import strip_older_checkpoints
 os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # killed once the stripped copy is written
 strip_older_checkpoints(sys.argv[1], __import__("pathlib").Path(sys.argv[2]))
 """

@@ -14,7 +14,6 @@ that at every moment one resumable checkpoint exists.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -25,19 +24,12 @@ from transformer_mt.checkpoint import (
     read_checkpoint,
     strip_training_state,
 )
-
-CHECKPOINT_RE = re.compile(r"^checkpoint_u(\d+)\.pt$")
-BEST_NAME = "checkpoint_best.pt"
-
-
-def checkpoint_name(update: int) -> str:
-    """``checkpoint_u0001200.pt``: zero-padded so that names sort like update numbers."""
-    return f"checkpoint_u{update:07d}.pt"
+from transformer_mt.run_names import BEST_NAME, CHECKPOINT_RE
 
 
 def checkpoint_update(path: Path) -> int | None:
     """The update number in a periodic checkpoint's name, or None for any other file."""
-    match = CHECKPOINT_RE.match(Path(path).name)
+    match = CHECKPOINT_RE.fullmatch(Path(path).name)
     return int(match.group(1)) if match else None
 
 
