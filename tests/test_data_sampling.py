@@ -8,7 +8,6 @@ same seed on every rank, decides the epoch's batches by its own lengths, and a r
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import metric_records
 
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, ConfigError, load_config
@@ -230,7 +230,6 @@ def test_resume_with_sampling_is_bit_identical(sampled_toy, tmp_path, capsys):
         assert torch.equal(tensor, b["model"][key]), key
 
     def losses(run):
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        return [(m["update"], m["loss"]) for m in map(json.loads, lines) if m["kind"] == "train"]
+        return [(m["update"], m["loss"]) for m in metric_records(run) if m["kind"] == "train"]
 
     assert losses(interrupted) == losses(straight)

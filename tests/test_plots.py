@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import metric_records
 from typer.testing import CliRunner
 
 from transformer_mt.attention_maps import AttentionError, sentence_attention
@@ -31,8 +31,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+    return [r for r in metric_records(run_dir) if r["kind"] == kind]
 
 
 def _checkpoint(run_dir: Path) -> Path:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import metric_records
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
@@ -79,7 +80,7 @@ def test_report_of_the_toy_run_lists_it_with_its_own_figures(toy_run: Path) -> N
     (line,) = table(text, "Runs that are no row")
     assert text.index("Runs that are no row") < text.index("## Table 2")  # the user's own run first
     scores = json.loads((toy_run / "eval_toy-test" / "scores.json").read_text())
-    valid = [json.loads(r) for r in (toy_run / "metrics.jsonl").read_text().splitlines() if '"valid"' in r]
+    valid = [r for r in metric_records(toy_run) if r["kind"] == "valid"]
     vocab = run.start["vocab_size"]
     assert line["run"] == f"tmt: `{toy_run}`" and line["pair"] == "en-de" and line["updates"] == "6"
     assert line["test set"] == "toy-test"

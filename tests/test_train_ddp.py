@@ -23,13 +23,7 @@ VOCAB = 40
 MODEL = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids spin-waiting against other processes on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py's: tiny matrices run fastest on one thread
 
 
 def _batch(seed: int, sentences: int, src_len: int, tgt_len: int) -> Batch:

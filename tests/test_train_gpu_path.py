@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import threading
 
 import pytest
 import torch
+from helpers import metric_records, run_config
 
-from transformer_mt.config import Config, ModelConfig, TrainConfig
+from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.data.dataset import Batch, collate, pad_to_multiple
 from transformer_mt.model import packing
@@ -36,15 +36,6 @@ from transformer_mt.train.trainer import Trainer, train_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = DistEnv(0, 1, 0, torch.device("cpu"), True)
-
-
-def _cfg(cfg: Config, save_dir, **train) -> Config:
-    train = {"num_threads": 1, **train}
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
-
-
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # ---------------------------------------------------------------- read-ahead
@@ -87,7 +78,7 @@ def test_prefetched_raises_a_failed_preparation_at_its_item():
 
 def test_trainer_reads_the_same_batches_in_the_same_order(prepared_toy, tmp_path):
     """Batches read ahead are the epoch's batches, collated as before, each with the position after it."""
-    trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", update_freq=2, max_updates=0, max_epochs=1), CPU)
+    trainer = Trainer(run_config(prepared_toy, tmp_path / "run", update_freq=2, max_updates=0, max_epochs=1), CPU)
     groups = trainer.epochs.batches(1)
     seen = list(prefetched(trainer.epochs.updates(1, 0), trainer.epochs.collate))
     assert len(seen) == -(-len(groups) // 2)
@@ -252,7 +243,7 @@ def test_deferred_run_equals_a_host_synced_run(prepared_toy, tmp_path, monkeypat
     """Same weights and the same metric lines whether an update's figures are read at once or at log lines."""
     _fused_adam(monkeypatch)
     common = dict(max_updates=6, update_freq=2, log_every=2, validate_every=3, save_every_updates=3, keep_last=9)
-    deferred = train_model(_cfg(prepared_toy, tmp_path / "deferred", **common))
+    deferred = train_model(run_config(prepared_toy, tmp_path / "deferred", **common))
 
     real = build.build_stepper
 
@@ -260,7 +251,7 @@ def test_deferred_run_equals_a_host_synced_run(prepared_toy, tmp_path, monkeypat
         return dataclasses.replace(real(cfg, env, vocab_size), defer_sync=False)
 
     monkeypatch.setattr("transformer_mt.train.trainer.build_stepper", synced)
-    synced_result = train_model(_cfg(prepared_toy, tmp_path / "synced", **common))
+    synced_result = train_model(run_config(prepared_toy, tmp_path / "synced", **common))
     assert (deferred.update, deferred.valid_loss) == (synced_result.update, synced_result.valid_loss)
     a = torch.load(tmp_path / "deferred" / "checkpoint_u0000006.pt", weights_only=True)
     b = torch.load(tmp_path / "synced" / "checkpoint_u0000006.pt", weights_only=True)
@@ -268,14 +259,14 @@ def test_deferred_run_equals_a_host_synced_run(prepared_toy, tmp_path, monkeypat
 
     def lines(run):
         return [{k: v for k, v in m.items() if "per_s" not in k and "tflops" not in k and k != "minutes"}
-                for m in _metrics(run) if m["kind"] in ("train", "valid")]  # fmt: skip
+                for m in metric_records(run) if m["kind"] in ("train", "valid")]  # fmt: skip
 
     assert lines(tmp_path / "deferred") == lines(tmp_path / "synced")
 
 
 def test_deferred_run_stops_after_max_nonfinite_in_a_row(prepared_toy, tmp_path, monkeypatch, capsys):
     _fused_adam(monkeypatch)
-    cfg = _cfg(prepared_toy, tmp_path / "run", lr_scale=1e38, max_nonfinite=3, warmup=1, log_every=4)
+    cfg = run_config(prepared_toy, tmp_path / "run", lr_scale=1e38, max_nonfinite=3, warmup=1, log_every=4)
     with pytest.raises(TrainError, match=r"updates in a row had a non-finite loss .*lower train.lr_scale"):
         train_model(cfg)
     assert "skipped" in capsys.readouterr().err
@@ -283,8 +274,8 @@ def test_deferred_run_stops_after_max_nonfinite_in_a_row(prepared_toy, tmp_path,
 
 def test_train_records_carry_model_tflops_and_no_mfu_on_a_cpu(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=2, log_every=1, validate_every=100, pad_to_multiple=8))
-    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    train_model(run_config(prepared_toy, run, max_updates=2, log_every=1, validate_every=100, pad_to_multiple=8))
+    train = [m for m in metric_records(run) if m["kind"] == "train"]
     assert len(train) == 2 and all(m["model_tflops"] > 0 and "mfu" not in m for m in train)
     assert all("compiled_graphs" not in m for m in train)
     err = capsys.readouterr().err
@@ -295,9 +286,9 @@ def test_train_records_carry_model_tflops_and_no_mfu_on_a_cpu(prepared_toy, tmp_
 def test_compiled_run_counts_its_graphs(prepared_toy, tmp_path, capsys):
     """torch.compile on the CPU, lengths padded to multiples of 8: the graphs built are logged, and bounded."""
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=6, log_every=3, validate_every=100, compile=True,
+    train_model(run_config(prepared_toy, run, max_updates=6, log_every=3, validate_every=100, compile=True,
                      pad_to_multiple=8))  # fmt: skip
-    graphs = [m["compiled_graphs"] for m in _metrics(run) if m["kind"] == "train"]
+    graphs = [m["compiled_graphs"] for m in metric_records(run) if m["kind"] == "train"]
     assert len(graphs) == 2 and 1 <= graphs[0] <= graphs[1] <= 8
     assert f"torch.compile: {graphs[1]} graph(s) compiled" in capsys.readouterr().err
 
@@ -335,8 +326,8 @@ def test_an_update_on_cuda_never_waits_for_the_device(precision):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_run_logs_mfu_on_a_known_device(prepared_toy, tmp_path):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=4, log_every=2, validate_every=100, pad_to_multiple=8))
-    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    train_model(run_config(prepared_toy, run, max_updates=4, log_every=2, validate_every=100, pad_to_multiple=8))
+    train = [m for m in metric_records(run) if m["kind"] == "train"]
     assert len(train) == 2 and all(m["model_tflops"] > 0 for m in train)
     known = device_peak_flops(torch.device("cuda")) is not None
     assert all(("mfu" in m) == known for m in train)

@@ -4,12 +4,12 @@ on another corpus, prepared with the checkpoint's BPE model (`tmt export spm`, b
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import metric_records, run_config
 from typer.testing import CliRunner
 
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
@@ -29,8 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(cfg: Config, save_dir: Path, **train: object) -> Config:
-    train = {"num_threads": 1, "validate_every": 100, "log_every": 1, **train}
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
+    return run_config(cfg, save_dir, **{"validate_every": 100, "log_every": 1, **train})
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +57,7 @@ def test_a_new_run_starts_from_the_weights_with_a_fresh_optimizer_and_schedule(
     newest = load_checkpoint(run / checkpoint_name(2))  # older checkpoints keep no optimizer state
     assert {int(s["step"]) for s in newest["optimizer"]["state"].values()} == {2}
     assert first["update"] == 1 and first["epoch"] == 1
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(run)
     lrs = [r["lr"] for r in records if r.get("kind") == "train"]
     assert lrs == pytest.approx([lr, Schedule.from_config(prepared_toy.train, prepared_toy.model.d_model).lr(2, 0.0)])
     assert first["config"]["train"]["init_from"] == str(parent)

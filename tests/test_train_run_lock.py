@@ -6,7 +6,6 @@ removes once the lock is its own.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import socket
@@ -18,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import run_config
 
 from transformer_mt.config import Config, save_config
 from transformer_mt.run_names import checkpoint_name
@@ -54,8 +54,7 @@ save_checkpoint(sys.argv[1], {"model": {}})
 
 
 def _cfg(cfg: Config, save_dir: Path, **train) -> Config:
-    train = {"num_threads": 1, "max_updates": 1, "validate_every": 100, **train}
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
+    return run_config(cfg, save_dir, **{"max_updates": 1, "validate_every": 100, **train})
 
 
 def _env() -> dict[str, str]:

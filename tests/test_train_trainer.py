@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import metric_records, run_config
 
 from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.config import Config, ConfigError, load_config
@@ -43,20 +44,10 @@ from transformer_mt.train.trainer import Trainer, train_model
 from transformer_mt.train.validation import unconverged
 
 
-def _cfg(cfg: Config, save_dir, **train) -> Config:
-    # One thread: on a busy 2-core machine, two threads spin-waiting on tiny matrices are ~5x slower.
-    train = {"num_threads": 1, **train}
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
-
-
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.slow
 def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_path):
     run = tmp_path / "run"
-    cfg = _cfg(
+    cfg = run_config(
         prepared_toy, run, max_updates=0, max_epochs=1, update_freq=2, validate_every=5, save_every_updates=20,
         keep_last=2, log_every=10,
     )  # fmt: skip
@@ -65,12 +56,12 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
     # stopped by max_epochs, after every batch of epoch 1, grouped 2 per update
     assert result.stop_reason == "max_epochs=1" and last["epoch"] == 1
     assert result.update == math.ceil(last["batch_in_epoch"] / 2) > 40
-    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    valid = [m for m in metric_records(run) if m["kind"] == "valid"]
     assert [m["update"] for m in valid] == [*range(5, result.update + 1, 5), result.update]
     assert valid[-1]["loss"] < valid[0]["loss"] - 0.5
     assert result.valid_loss == pytest.approx(valid[-1]["loss"])
     assert valid[-1]["ppl"] == pytest.approx(math.exp(valid[-1]["nll"]))
-    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    train = [m for m in metric_records(run) if m["kind"] == "train"]
     assert [m["update"] for m in train] == list(range(10, result.update + 1, 10))
     assert all(m["tgt_tokens_per_s"] > 0 and m["lr"] > 0 and m["nll"] < m["loss"] for m in train)
     # keep_last=2 periodic checkpoints (the final one included) + the best one; each is self-contained
@@ -93,17 +84,17 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
     common = dict(max_tokens=2048, update_freq=2, validate_every=5, save_every_updates=4, log_every=4, keep_last=50)
     assert prepared_toy.model.dropout > 0
     straight = tmp_path / "straight"
-    train_model(_cfg(prepared_toy, straight, max_updates=24, **common))
+    train_model(run_config(prepared_toy, straight, max_updates=24, **common))
 
     interrupted = tmp_path / "interrupted"
-    train_model(_cfg(prepared_toy, interrupted, max_updates=12, **common))
-    best = min((m for m in _metrics(interrupted) if m["kind"] == "valid"), key=lambda m: m["loss"])["update"]
+    train_model(run_config(prepared_toy, interrupted, max_updates=12, **common))
+    best = min((m for m in metric_records(interrupted) if m["kind"] == "valid"), key=lambda m: m["loss"])["update"]
     assert best < 12, "the validation at the end was the best: this test needs an earlier best"
     newer = [path for path in list_checkpoints(interrupted) if checkpoint_update(path) > best]
     for path in newer:
         path.write_bytes(path.read_bytes()[:1000])  # the crash cut them short
     capsys.readouterr()
-    result = train_model(_cfg(prepared_toy, interrupted, max_updates=24, **common))
+    result = train_model(run_config(prepared_toy, interrupted, max_updates=24, **common))
     err = capsys.readouterr().err
     assert all(f"skipping {path}" in err for path in newer)
     assert f"resuming from {interrupted / BEST_NAME} at update {best}" in err
@@ -120,10 +111,10 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
 
     # the metrics of the replayed updates are not duplicated; each process adds its start record
     def trajectory(run):
-        return [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] in ("train", "valid")]
+        return [(m["kind"], m["update"]) for m in metric_records(run) if m["kind"] in ("train", "valid")]
 
     assert trajectory(interrupted) == trajectory(straight)
-    assert [m["update"] for m in _metrics(interrupted) if m["kind"] == "start"] == [0, best]
+    assert [m["update"] for m in metric_records(interrupted) if m["kind"] == "start"] == [0, best]
 
 
 _KILLED_BEFORE_STRIPPING = """
@@ -146,14 +137,14 @@ def test_resume_after_a_kill_between_writing_a_checkpoint_and_stripping_the_one_
     """Killed at update 8 with checkpoints 4 and 8 both whole: the resumed run equals a straight one."""
     common = dict(max_tokens=2048, validate_every=100, save_every_updates=4, keep_last=50)
     straight = tmp_path / "straight"
-    train_model(_cfg(prepared_toy, straight, max_updates=12, **common))
+    train_model(run_config(prepared_toy, straight, max_updates=12, **common))
     killed = tmp_path / "killed"
     config = tmp_path / "killed.yaml"
-    config.write_text(_cfg(prepared_toy, killed, max_updates=12, **common).to_yaml())
+    config.write_text(run_config(prepared_toy, killed, max_updates=12, **common).to_yaml())
     child = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_STRIPPING, str(config)], check=False)
     assert child.returncode == -signal.SIGKILL
     assert all("optimizer" in load_checkpoint(killed / checkpoint_name(u)) for u in (4, 8))
-    train_model(_cfg(prepared_toy, killed, max_updates=12, **common))
+    train_model(run_config(prepared_toy, killed, max_updates=12, **common))
     a, b = (load_checkpoint(run / checkpoint_name(12)) for run in (straight, killed))
     assert all(torch.equal(tensor, b["model"][key]) for key, tensor in a["model"].items())
     assert [("optimizer" in load_checkpoint(killed / checkpoint_name(u))) for u in (4, 8, 12)] == [False, False, True]
@@ -161,7 +152,7 @@ def test_resume_after_a_kill_between_writing_a_checkpoint_and_stripping_the_one_
 
 def test_older_checkpoints_keep_only_what_averaging_and_translation_need(prepared_toy, tmp_path):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=6, save_every_updates=2, keep_last=50, validate_every=3))
+    train_model(run_config(prepared_toy, run, max_updates=6, save_every_updates=2, keep_last=50, validate_every=3))
     paths = list_checkpoints(run)
     assert [p.name for p in paths] == [checkpoint_name(u) for u in (2, 4, 6)]
     assert [("optimizer" in load_checkpoint(p)) for p in paths] == [False, False, True]
@@ -176,18 +167,18 @@ def test_older_checkpoints_keep_only_what_averaging_and_translation_need(prepare
 
 def test_already_finished_run_does_nothing(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
     mtime = (run / checkpoint_name(3)).stat().st_mtime_ns
-    result = train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    result = train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
     assert result.update == 3 and (run / checkpoint_name(3)).stat().st_mtime_ns == mtime
 
 
 def test_wall_clock_limits(prepared_toy, tmp_path):
     """max_minutes stops the run; save_every_minutes writes a checkpoint whenever that much time has passed."""
-    result = train_model(_cfg(prepared_toy, tmp_path / "a", max_updates=50, max_minutes=1e-9, validate_every=100))
+    result = train_model(run_config(prepared_toy, tmp_path / "a", max_updates=50, max_minutes=1e-9, validate_every=100))
     assert result.update == 1 and result.stop_reason.startswith("max_minutes")
     run = tmp_path / "b"
-    train_model(_cfg(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=50, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=3, save_every_minutes=1e-9, keep_last=50, validate_every=100))
     assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (1, 2, 3)]
 
 
@@ -202,9 +193,9 @@ def test_a_timed_run_validates_on_its_clock(prepared_toy, tmp_path):
     reaches train.validate_every updates: 10 times in all (the last at the end), each after its mark."""
     common = dict(max_updates=0, max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
     run = tmp_path / "run"
-    result = train_model(_cfg(prepared_toy, run, **common), clock=_ticking(0.5))
+    result = train_model(run_config(prepared_toy, run, **common), clock=_ticking(0.5))
     assert result.stop_reason == "max_minutes=1" and result.update < 1000
-    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    valid = [m for m in metric_records(run) if m["kind"] == "valid"]
     assert len(valid) == 10
     assert all(m["minutes"] >= (k + 1) / 10 for k, m in enumerate(valid))
 
@@ -227,9 +218,9 @@ def test_validating_on_the_clock_leaves_the_trajectory_alone(prepared_toy, tmp_p
     weights = []
     for fraction in (0.1, 0.0):
         run = tmp_path / str(fraction)
-        train_model(_cfg(prepared_toy, run, validate_every_fraction=fraction, **common), clock=_ticking(0.5))
+        train_model(run_config(prepared_toy, run, validate_every_fraction=fraction, **common), clock=_ticking(0.5))
         weights.append(load_checkpoint(run / checkpoint_name(12))["model"])
-        valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+        valid = [m for m in metric_records(run) if m["kind"] == "valid"]
         assert (len(valid) > 1) == (fraction > 0)  # without the clock's, the final validation only
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
@@ -239,12 +230,12 @@ def test_a_resumed_timed_run_validates_at_the_marks_after_its_checkpoint(prepare
     which are behind it: no mark is validated twice, none skipped."""
     common = dict(max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=12, **common), clock=_ticking(0.5))
+    train_model(run_config(prepared_toy, run, max_updates=12, **common), clock=_ticking(0.5))
     minutes = load_checkpoint(run / checkpoint_name(12))["minutes"]
     assert 0.1 < minutes < 0.9
-    before = len(_metrics(run))
-    train_model(_cfg(prepared_toy, run, max_updates=0, **common), clock=_ticking(0.5))
-    resumed = [m for m in _metrics(run)[before:] if m["kind"] == "valid"]
+    before = len(metric_records(run))
+    train_model(run_config(prepared_toy, run, max_updates=0, **common), clock=_ticking(0.5))
+    resumed = [m for m in metric_records(run)[before:] if m["kind"] == "valid"]
     assert len(resumed) == 10 - math.floor(minutes * 10)
     assert resumed[0]["minutes"] >= math.ceil(minutes * 10) / 10
 
@@ -256,7 +247,7 @@ def _set_model(cfg: Config, **model) -> Config:
 def test_sentences_longer_than_max_positions_are_left_out_and_counted(prepared_toy, tmp_path, capsys):
     """max_positions 40 is below the longest toy sentences (63 tokens): a whole epoch runs, they are counted."""
     cfg = _set_model(
-        _cfg(prepared_toy, tmp_path / "run", max_tokens=2048, update_freq=5, max_updates=0), max_positions=40
+        run_config(prepared_toy, tmp_path / "run", max_tokens=2048, update_freq=5, max_updates=0), max_positions=40
     )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_epochs=1, validate_every=100))
     d = cfg.data
@@ -290,7 +281,7 @@ def _non_convertible(cfg: Config) -> tuple[int, int]:
 def test_resume_with_another_world_size_refuses_when_the_position_does_not_carry_over(prepared_toy, tmp_path):
     """A checkpoint as N processes would write it, where 1 process's batch order differs: a clear error."""
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
     state = load_checkpoint(path)
     world_size, state["batch_in_epoch"] = _non_convertible(prepared_toy)
@@ -298,7 +289,7 @@ def test_resume_with_another_world_size_refuses_when_the_position_does_not_carry
     save_checkpoint(path, state)
     pattern = rf"written by {world_size} processes.*skip or repeat.*--nproc-per-node {world_size}"
     with pytest.raises(TrainError, match=pattern):
-        train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+        train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
 
 
 def test_resume_with_another_world_size_converts_the_position_when_it_carries_over(prepared_toy, tmp_path, capsys):
@@ -307,13 +298,13 @@ def test_resume_with_another_world_size_converts_the_position_when_it_carries_ov
     ds = ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
     assert resume_position(ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, 1, 3, 2, 1) == 6
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
     state = load_checkpoint(path)
     state["batch_in_epoch"], state["rng"]["world_size"] = 3, 2
     save_checkpoint(path, state)
     capsys.readouterr()
-    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
     assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 7
     assert "written by 2 processes, this run has 1; dropout masks are reseeded" in capsys.readouterr().err
 
@@ -322,11 +313,11 @@ def test_resume_with_another_world_size_converts_the_position_when_it_carries_ov
 def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_toy, tmp_path, capsys, key, value):
     """Resumed 3 batches into epoch 1 with another max_tokens or seed: epoch 1 starts over, no sentence skipped."""
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
     state = load_checkpoint(run / checkpoint_name(3))
     assert (state["batch_in_epoch"], state["batching"][key]) == (3, getattr(prepared_toy.train, key))
     capsys.readouterr()
-    train_model(_cfg(prepared_toy, run, max_updates=4, validate_every=100, **{key: value}))
+    train_model(run_config(prepared_toy, run, max_updates=4, validate_every=100, **{key: value}))
     err = capsys.readouterr().err
     old = getattr(prepared_toy.train, key)
     assert f"warning: train.{key} was {old}, now {value}: {run / checkpoint_name(3)} was written 3 of" in err
@@ -334,7 +325,7 @@ def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_
     assert "resume with the old value(s)" in err
     state = load_checkpoint(run / checkpoint_name(4))
     assert (state["epoch"], state["batch_in_epoch"], state["batching"][key]) == (1, 1, value)
-    train_model(_cfg(prepared_toy, run, max_updates=5, validate_every=100, **{key: value}))  # the new order holds
+    train_model(run_config(prepared_toy, run, max_updates=5, validate_every=100, **{key: value}))  # the new order holds
     assert "starts over" not in capsys.readouterr().err
     assert load_checkpoint(run / checkpoint_name(5))["batch_in_epoch"] == 2
 
@@ -342,13 +333,13 @@ def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_
 def test_a_batch_order_change_at_the_end_of_an_epoch_goes_on_to_the_next(prepared_toy, tmp_path, capsys):
     """A checkpoint that finished its epoch (as train.max_epochs leaves it): the change takes effect at once, quietly."""
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
     state = load_checkpoint(path)
     state["batch_in_epoch"] = state["batching"]["batches"]
     save_checkpoint(path, state)
     capsys.readouterr()
-    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100, max_tokens=400))
+    train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100, max_tokens=400))
     assert "starts over" not in capsys.readouterr().err
     state = load_checkpoint(run / checkpoint_name(2))
     assert (state["epoch"], state["batch_in_epoch"]) == (2, 1)
@@ -356,12 +347,12 @@ def test_a_batch_order_change_at_the_end_of_an_epoch_goes_on_to_the_next(prepare
 
 def test_a_checkpoint_without_a_batching_record_resumes_as_before(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
     state = load_checkpoint(path)
     del state["batching"]
     save_checkpoint(path, state)
-    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100, seed=7))
+    train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100, seed=7))
     assert "starts over" not in capsys.readouterr().err
     assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 2
 
@@ -388,8 +379,8 @@ def test_fresh_start_empties_old_metrics_and_logs_plain_lines_off_a_terminal(pre
     run.mkdir()
     stale = [{"kind": "train", "update": u, "loss": 9.0} for u in range(1, 6)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in stale) + '{"kind": "tr')
-    train_model(_cfg(prepared_toy, run, max_updates=2, log_every=1, validate_every=100))
-    records = [(m["kind"], m["update"]) for m in _metrics(run) if m["kind"] != "warning"]  # 2 updates: warnings
+    train_model(run_config(prepared_toy, run, max_updates=2, log_every=1, validate_every=100))
+    records = [(m["kind"], m["update"]) for m in metric_records(run) if m["kind"] != "warning"]  # 2 updates: warnings
     assert records == [("start", 0), ("train", 1), ("train", 2), ("valid", 2), ("end", 2)]
     err = capsys.readouterr().err
     assert "train update 1/2 epoch 1: loss " in err and "train update 2/2 epoch 1: loss " in err
@@ -400,17 +391,17 @@ def test_free_memory_is_released_at_each_metric_line(prepared_toy, tmp_path, mon
     """Varying batch shapes fragment the heap: the trainer gives free pages back at every log line."""
     calls = []
     monkeypatch.setattr("transformer_mt.train.trainer.release_free_memory", lambda: calls.append(1) or True)
-    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=4, log_every=2, validate_every=100))
+    train_model(run_config(prepared_toy, tmp_path / "run", max_updates=4, log_every=2, validate_every=100))
     assert len(calls) == 2
 
 
 def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tmp_path):
     """What `tmt report` reads: model size, FLOPs per target token, device; where and when the run stopped."""
     run = tmp_path / "run"
-    cfg = _cfg(prepared_toy, run, max_updates=3, log_every=1, validate_every=2)
+    cfg = run_config(prepared_toy, run, max_updates=3, log_every=1, validate_every=2)
     train_model(cfg)
     train_model(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_updates=4)))  # resumed
-    records = _metrics(run)
+    records = metric_records(run)
     start = records[0]
     ds = ParallelDataset(prepared_toy.data.dir, "train", "en", "de")
     vocab = start["vocab_size"]
@@ -432,7 +423,7 @@ def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tm
 
 def test_progress_bar_on_a_terminal_and_no_log_lines(prepared_toy, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    train_model(_cfg(prepared_toy, tmp_path / "run", max_updates=2, log_every=1, validate_every=100))
+    train_model(run_config(prepared_toy, tmp_path / "run", max_updates=2, log_every=1, validate_every=100))
     err = capsys.readouterr().err
     assert "train: " in err and "2/2" in err and "train update" not in err
 
@@ -442,13 +433,13 @@ def test_progress_bar_on_a_terminal_and_no_log_lines(prepared_toy, tmp_path, cap
 
 def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    result = train_model(_cfg(prepared_toy, run, max_updates=5, warmup=4000, validate_every=100))
+    result = train_model(run_config(prepared_toy, run, max_updates=5, warmup=4000, validate_every=100))
     err = capsys.readouterr().err
     assert (
         "warning: training stopped at update 5, inside its warmup of 4000 updates (train.warmup): the learning rate "
         "never reached its peak, so the model is barely trained and translations may be empty"
     ) in err
-    warnings = [m for m in _metrics(run) if m["kind"] == "warning"]
+    warnings = [m for m in metric_records(run) if m["kind"] == "warning"]
     assert [(w["update"], w["reason"]) for w in warnings] == [(5, "warmup"), (5, "unconverged")]
     assert "far from converged: validation perplexity" in warnings[1]["message"] and "is above 100" in err
     assert result.warnings == tuple(w["message"] for w in warnings)
@@ -459,8 +450,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, c
     """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
     monkeypatch.setattr("transformer_mt.train.metrics.cpu_has_bf16", lambda: has_bf16)
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
-    warned = [m for m in _metrics(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
+    warned = [m for m in metric_records(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
     assert len(warned) == (0 if has_bf16 else 1)
     assert ("without bf16 instructions (AVX512-BF16 or AMX)" in capsys.readouterr().err) == (not has_bf16)
 
@@ -469,7 +460,9 @@ def test_the_warmup_warning_names_the_floor_under_the_fraction(prepared_toy, tmp
     """A budgeted run always leaves a fraction's warmup (the floor takes at most half the budget); one stopped
     early, here before its first update, is warned with both keys named."""
     schedule = dict(lr=1e-3, warmup_fraction=0.1, min_warmup=100)
-    trainer = Trainer(_cfg(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup())
+    trainer = Trainer(
+        run_config(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100, **schedule), setup()
+    )
     ((reason, message),) = final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 0.0)
     trainer.log.files.close()
     assert reason == "warmup"
@@ -499,8 +492,8 @@ def _valid_sentences(cfg: Config, n: int) -> tuple[list[str], list[str]]:
 def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
     common = dict(max_updates=20, validate_every=5, warmup=5, save_every_updates=20)
-    result = train_model(_cfg(prepared_toy, run, valid_bleu_sentences=12, best_metric="bleu", **common))
-    valid = [m for m in _metrics(run) if m["kind"] == "valid"]
+    result = train_model(run_config(prepared_toy, run, valid_bleu_sentences=12, best_metric="bleu", **common))
+    valid = [m for m in metric_records(run) if m["kind"] == "valid"]
     assert [m["update"] for m in valid] == [5, 10, 15, 20]
     assert all(m["bleu_sentences"] == 12 and 0 <= m["empty_hypotheses"] <= 12 for m in valid)
     bleus = [m["bleu"] for m in valid]
@@ -508,7 +501,7 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     assert len(set(bleus)) > 1  # the scores move, so the choice of the best checkpoint means something
     best = load_checkpoint(run / BEST_NAME)
     assert best["update"] == valid[bleus.index(max(bleus))]["update"] and best["valid_bleu"] == max(bleus)
-    assert result.best_valid_bleu == max(bleus) and not [m for m in _metrics(run) if m.get("reason") == "warmup"]
+    assert result.best_valid_bleu == max(bleus) and not [m for m in metric_records(run) if m.get("reason") == "warmup"]
     assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
 
     # the logged figure is what `tmt evaluate` would compute: the same weights, beam 1, sacreBLEU
@@ -519,7 +512,7 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
 
     # and decoding leaves training as it was: the model is back in train mode (dropout), no random draw is taken
     plain = tmp_path / "plain"
-    train_model(_cfg(prepared_toy, plain, **common))
+    train_model(run_config(prepared_toy, plain, **common))
     a, b = load_checkpoint(run / checkpoint_name(20))["model"], load_checkpoint(plain / checkpoint_name(20))["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -527,17 +520,17 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
 def test_patience_stops_the_run_and_its_count_survives_a_resume(prepared_toy, tmp_path, capsys):
     """lr 0: the validation loss never improves, so patience 3 stops the run 3 validations after the first."""
     common = dict(lr_scale=0.0, validate_every=2, patience=3, max_updates=50)
-    straight = train_model(_cfg(prepared_toy, tmp_path / "straight", **common))
+    straight = train_model(run_config(prepared_toy, tmp_path / "straight", **common))
     assert (straight.update, straight.stop_reason) == (8, "patience=3")
     assert "3/3 validations without a new best loss" in capsys.readouterr().err
 
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, **{**common, "max_updates": 6}))  # validations at 2 (the best), 4 and 6
+    train_model(run_config(prepared_toy, run, **{**common, "max_updates": 6}))  # validations at 2 (the best), 4 and 6
     assert load_checkpoint(run / checkpoint_name(6))["stale_validations"] == 2
-    resumed = train_model(_cfg(prepared_toy, run, **common))
+    resumed = train_model(run_config(prepared_toy, run, **common))
     assert (resumed.update, resumed.stop_reason) == (8, "patience=3")  # not 12: the count went on from 2
     assert load_checkpoint(run / BEST_NAME)["update"] == 2
-    again = train_model(_cfg(prepared_toy, run, **common))  # a run patience has stopped stays stopped
+    again = train_model(run_config(prepared_toy, run, **common))  # a run patience has stopped stays stopped
     assert (again.update, again.stop_reason) == (8, "patience=3")
 
 
@@ -552,23 +545,23 @@ def test_window_adds_updates_and_resets():
 
 
 def test_nonfinite_updates_stop_with_advice(prepared_toy, tmp_path):
-    cfg = _cfg(prepared_toy, tmp_path / "run", lr_scale=1e38, max_nonfinite=3, warmup=1)
+    cfg = run_config(prepared_toy, tmp_path / "run", lr_scale=1e38, max_nonfinite=3, warmup=1)
     with pytest.raises(TrainError, match=r"3 updates in a row.*lower train.lr_scale.*clip_norm"):
         train_model(cfg)
 
 
 def test_missing_data_is_a_user_error(prepared_toy, tmp_path):
     data = dataclasses.replace(prepared_toy.data, train=str(tmp_path / "nope/train"), dir=str(tmp_path / "prep"))
-    cfg = dataclasses.replace(_cfg(prepared_toy, tmp_path / "run"), data=data)
+    cfg = dataclasses.replace(run_config(prepared_toy, tmp_path / "run"), data=data)
     with pytest.raises(UserError, match="nope"):
         train_model(cfg)
 
 
 def test_resume_refuses_a_different_model(prepared_toy, tmp_path):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     other = dataclasses.replace(
-        _cfg(prepared_toy, run, max_updates=2), model=dataclasses.replace(prepared_toy.model, d_ff=128)
+        run_config(prepared_toy, run, max_updates=2), model=dataclasses.replace(prepared_toy.model, d_ff=128)
     )
     with pytest.raises(
         TrainError,
@@ -579,14 +572,14 @@ def test_resume_refuses_a_different_model(prepared_toy, tmp_path):
 
 def test_resume_refuses_an_averaged_checkpoint_and_passes_over_a_crafted_one(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=1, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     average_checkpoints([run / checkpoint_name(1)], run / checkpoint_name(2))
     with pytest.raises(TrainError, match=r"checkpoint_u0000002\.pt holds no training state .*averaged checkpoint"):
-        train_model(_cfg(prepared_toy, run, max_updates=3, validate_every=100))
+        train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
     state = load_checkpoint(run / checkpoint_name(1))
     state["config"] = "not a config"
     save_checkpoint(run / checkpoint_name(2), state)
-    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))  # resumes from update 1
+    train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))  # resumes from update 1
     assert "skipping" in capsys.readouterr().err and load_checkpoint(run / checkpoint_name(2))["update"] == 2
 
 
@@ -614,7 +607,7 @@ def test_num_threads_is_applied_and_restored(prepared_toy, tmp_path, monkeypatch
     seen = []
     monkeypatch.setattr("transformer_mt.train.trainer.Trainer.run", lambda self: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
-    train_model(_cfg(prepared_toy, tmp_path / "run", num_threads=1))
+    train_model(run_config(prepared_toy, tmp_path / "run", num_threads=1))
     assert seen == [1] and torch.get_num_threads() == before
 
 
@@ -665,7 +658,7 @@ def test_mixed_precision_on_gpu(prepared_toy, tmp_path, precision):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     run = tmp_path / "run"
-    result = train_model(_cfg(prepared_toy, run, precision=precision, max_updates=20, validate_every=10))
+    result = train_model(run_config(prepared_toy, run, precision=precision, max_updates=20, validate_every=10))
     state = load_checkpoint(run / checkpoint_name(20))
     assert result.update == 20 and math.isfinite(result.valid_loss)
     assert bool(state["scaler"]) == (precision == "fp16")
@@ -678,19 +671,21 @@ def test_mixed_precision_on_gpu(prepared_toy, tmp_path, precision):
 def test_snapshots_are_spread_over_the_end_of_the_budget(prepared_toy, tmp_path):
     """snapshot_span 0.4 with average_last 4 over 20 updates: checkpoints at 70%, 80%, 90% and 100% of the run."""
     run = tmp_path / "run"
-    cfg = _cfg(prepared_toy, run, max_updates=20, snapshot_span=0.4, average_last=4, keep_last=50, validate_every=100)
+    cfg = run_config(
+        prepared_toy, run, max_updates=20, snapshot_span=0.4, average_last=4, keep_last=50, validate_every=100
+    )
     train_model(cfg)
     assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(u) for u in (14, 16, 18, 20)]
 
 
 def test_linear_schedule_reaches_zero_at_the_budget_and_logs_progress(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = _cfg(
+    cfg = run_config(
         prepared_toy, run, max_updates=10, schedule="linear", lr=1e-3, warmup_fraction=0.2, log_every=1,
         validate_every=100,
     )  # fmt: skip
     train_model(cfg)
-    train = [m for m in _metrics(run) if m["kind"] == "train"]
+    train = [m for m in metric_records(run) if m["kind"] == "train"]
     assert [m["lr"] for m in train] == pytest.approx([5e-4, 1e-3, *(1e-3 * (1 - u / 10) / 0.8 for u in range(3, 11))])
     assert [m["progress"] for m in train] == pytest.approx([u / 10 for u in range(1, 11)])
     err = capsys.readouterr().err
@@ -699,16 +694,16 @@ def test_linear_schedule_reaches_zero_at_the_budget_and_logs_progress(prepared_t
 
 def test_the_wall_clock_budget_counts_the_minutes_before_a_resume(prepared_toy, tmp_path):
     run = tmp_path / "run"
-    train_model(_cfg(prepared_toy, run, max_updates=2, validate_every=100))
+    train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
     state = load_checkpoint(run / checkpoint_name(2))
     assert 0 < state["minutes"] < 5
     state["minutes"] = 30.0  # as if this run had already trained for half an hour
     save_checkpoint(run / checkpoint_name(2), state)
     files = {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")}
-    result = train_model(_cfg(prepared_toy, run, max_updates=50, max_minutes=30, validate_every=100))
+    result = train_model(run_config(prepared_toy, run, max_updates=50, max_minutes=30, validate_every=100))
     assert result.update == 2 and result.stop_reason == "max_minutes=30"  # spent already: not one more update
     assert {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")} == files  # nothing written or rotated
-    result = train_model(_cfg(prepared_toy, run, max_updates=3, max_minutes=31, validate_every=100))
+    result = train_model(run_config(prepared_toy, run, max_updates=3, max_minutes=31, validate_every=100))
     assert result.update == 3  # a higher budget continues the run
 
 
@@ -731,7 +726,7 @@ def test_a_finished_run_run_again_ends_the_strip_a_kill_cut_short(prepared_toy, 
     """Killed while stripping the checkpoint before its final one: running the finished run again strips it,
     and leaves the final checkpoint, which resumes, as it was."""
     run = tmp_path / "run"
-    cfg = _cfg(prepared_toy, run, max_updates=4, save_every_updates=2, keep_last=50, validate_every=100)
+    cfg = run_config(prepared_toy, run, max_updates=4, save_every_updates=2, keep_last=50, validate_every=100)
     train_model(cfg)
     older, final = run / checkpoint_name(2), run / checkpoint_name(4)
     state, training = load_checkpoint(older), load_checkpoint(final)
