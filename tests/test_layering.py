@@ -21,18 +21,39 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _absolute(node: ast.ImportFrom, path: Path) -> str:
+    """The module ``from ... import`` names, a relative one (``from .x import y``, ``from .. import z``) resolved
+    against the package of ``path``, so that no import escapes the graph."""
+    if node.level == 0:
+        return node.module or ""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]  # a module's own package; an __init__ is its package
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The package's modules that ``path`` imports (``from a import b`` is module a.b when that is one)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.update(
-                f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in modules
-            )
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node, path)
+            found.update(f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in modules)
+            found.add(module)
     return {name for name in found if name in modules}
+
+
+def test_relative_imports_are_resolved() -> None:
+    """``from .x import y`` and ``from .. import z`` count as the absolute imports they are."""
+    node = ast.parse("from ..model import cache").body[0]
+    assert _absolute(node, ROOT / "decode" / "search.py") == "transformer_mt.model"
+    assert _absolute(ast.parse("from . import config").body[0], ROOT / "cli.py") == "transformer_mt"
+    assert _absolute(ast.parse("from .batcher import Batcher").body[0], ROOT / "serve" / "__init__.py") == (
+        "transformer_mt.serve.batcher"
+    )
 
 
 @pytest.fixture(scope="module")
