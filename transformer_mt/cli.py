@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from transformer_mt.config import Config, load_config
 from transformer_mt.errors import Interrupted, UserError
 from transformer_mt.malloc import keep_freed_memory
+from transformer_mt.run_names import AVERAGE_NAME, SCORES_NAME
 
 EMPTY_TRANSLATION = "(empty: the model ends the sentence at once; --target draws a translation of your own)"
 
@@ -415,8 +416,8 @@ def average(
     run_dir = inputs[0] if len(inputs) == 1 and not inputs[0].is_file() else None
     if run_dir is None and last is not None:
         raise UserError(f"--last {last} picks checkpoints of a run directory; give one directory, not files")
-    out = output or (run_dir / "average.pt" if run_dir else Path("average.pt"))
-    check_output_file(out, example="average.pt")
+    out = output or (run_dir / AVERAGE_NAME if run_dir else Path(AVERAGE_NAME))
+    check_output_file(out, example=AVERAGE_NAME)
     paths = inputs if run_dir is None else last_checkpoints(run_dir, default_last(run_dir) if last is None else last)
     average_checkpoints(paths, out)
     typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(map(str, paths))}) -> {out}")
@@ -876,9 +877,9 @@ def score(
     from transformer_mt.files import check_output_file
 
     if json_out is not None:
-        check_output_file(json_out, "--json", "scores.json")
+        check_output_file(json_out, "--json", SCORES_NAME)
     scores = score_files(hyp, ref, lang)
-    for path in (json_out, out_dir / "scores.json" if out_dir else None):
+    for path in (json_out, out_dir / SCORES_NAME if out_dir else None):
         if path is not None:
             write_scores(path, scores)
     typer.echo(format_scores(scores))

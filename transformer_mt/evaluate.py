@@ -29,6 +29,7 @@ from transformer_mt.data.clean import read_lines as _read_utf8_lines
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines, check_output_parent
+from transformer_mt.run_names import EVAL_PREFIX, SCORES_NAME
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -230,7 +231,7 @@ def evaluate_checkpoint(
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if output is not None:
-        check_output_parent(Path(output) / "scores.json")
+        check_output_parent(Path(output) / SCORES_NAME)
     if testset is not None and src is None and testset not in CONFIG_SPLITS and testset not in TESTSETS:
         raise EvaluateError(  # before loading any model
             f"unknown test set {testset!r}; known: test and valid (the checkpoint config's own data.test and "
@@ -248,7 +249,9 @@ def evaluate_checkpoint(
     name = testset or src_path.stem
     corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
     first = Path(checkpoints[0])
-    out_dir = Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"eval_{name}"
+    out_dir = (
+        Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
+    )
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     hyps = translator.translate_lines(sources)
     atomic_write_lines(hyp_path, hyps)
@@ -266,7 +269,7 @@ def evaluate_checkpoint(
         **score_files(hyp_path, ref_path, data.tgt_lang),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }  # fmt: skip
-    write_scores(out_dir / "scores.json", scores)
+    write_scores(out_dir / SCORES_NAME, scores)
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
     if warning:
