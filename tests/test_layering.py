@@ -107,7 +107,7 @@ def test_every_module_imports_only_its_own_and_earlier_layers(graph):
 # Inside train/, the same rule (docs/architecture.md, "Training"): the loop last, its parts before it, each part
 # importing only the layers before its own; a module in the same layer as another does not import it.
 TRAIN_LAYERS = [
-    ("loss", "schedule", "distributed", "run_checkpoints", "mfu", "prefetch"),
+    ("loss", "schedule", "distributed", "launch", "run_checkpoints", "mfu", "prefetch"),
     ("step",),
     ("run_files", "run_lock", "init_from", "nonfinite", "average"),
     ("build",),

@@ -197,3 +197,75 @@ def test_ranks_wait_for_rank_0_to_prepare_outside_any_collective(unprepared_toy,
     mp.spawn(_prepare_worker, args=args, nprocs=2, join=True)
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [cfg.data.dir, cfg.data.dir]
     assert is_prepared(cfg)
+
+
+def test_a_rank_whose_peer_ended_names_it_in_one_line():
+    """Gloo's error names an address; the message names the rank whose process is gone, and only this error."""
+    import socket
+    import subprocess
+
+    from transformer_mt.train.distributed import peer_ended
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    env = DistEnv(0, 2, 0, torch.device("cpu"), True, peers=((host, os.getpid()), (host, gone.pid)))
+    reset = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:13202: Connection reset by peer.")
+    error = peer_ended(reset, env)
+    assert error is not None and str(error).startswith(f"rank 0 stopped: rank 1 (pid {gone.pid}) has ended")
+    assert "run the same command again" in str(error) and "\n" not in str(error)
+    assert peer_ended(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), env) is None
+    assert peer_ended(reset, DistEnv(0, 1, 0, torch.device("cpu"), True)) is None  # alone: not a peer's doing
+    far = DistEnv(0, 2, 0, torch.device("cpu"), True, peers=((host, os.getpid()), ("node7", 4242)))
+    assert "a rank on node7 ended or became unreachable" in str(peer_ended(reset, far))
+
+
+def _pids_with(tag: str, local_rank: int) -> list[int]:
+    """The processes started with TMT_TEST_TAG=tag (inherited from the test's launcher) and this LOCAL_RANK."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            env = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TMT_TEST_TAG={tag}".encode() in env and f"LOCAL_RANK={local_rank}".encode() in env:
+            found.append(int(environ.parent.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank's process through /proc")
+def test_killing_one_rank_gives_the_other_one_line_naming_it(prepared_toy, tmp_path):
+    """`kill -9` of rank 1 under `tmt train --nproc-per-node 2`: one line names rank 1, and no traceback."""
+    import dataclasses
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    run = tmp_path / "run"
+    train = dataclasses.replace(prepared_toy.train, save_dir=str(run), max_updates=100_000, log_every=1)
+    config = tmp_path / "toy.yaml"
+    config.write_text(dataclasses.replace(prepared_toy, train=train).to_yaml())
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMT_TEST_TAG": tag}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "transformer_mt", "train", str(config), "--nproc-per-node", "2"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").is_file() or '"kind": "train"' not in (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        (victim,) = _pids_with(tag, 1)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    # torchrun stops rank 0 at once, or rank 0's next collective fails first: either way one line names rank 1
+    named = (f"error: rank 1 (pid {victim}) was killed by SIGKILL", f"error: rank 0 stopped: rank 1 (pid {victim})")
+    assert any(line in stderr for line in named), stderr[-3000:]
+    assert "Traceback" not in stderr and "Connection reset" not in stderr, stderr[-3000:]

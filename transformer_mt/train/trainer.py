@@ -33,7 +33,7 @@ from transformer_mt.malloc import release_free_memory
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.budget import Budget, Clock, horizon_updates
 from transformer_mt.train.build import build_stepper, load_run_data
-from transformer_mt.train.distributed import DistEnv, barrier, cleanup, setup
+from transformer_mt.train.distributed import DistEnv, barrier, cleanup, peer_ended, setup
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.metrics import RunLog, Window, final_warnings
 from transformer_mt.train.nonfinite import NonfinitePolicy
@@ -285,6 +285,10 @@ def train_model(cfg: Config, clock: Clock = time.monotonic) -> TrainResult:
                 return trainer.run()
             except KeyboardInterrupt:
                 raise interrupted(trainer.progress.update, trainer.save_dir) from None
+    except RuntimeError as e:  # a collective whose peer process ended: one line, not the transport's traceback
+        if (ended := peer_ended(e, env)) is None:
+            raise
+        raise ended from None
     finally:
         cleanup(env)
         torch.set_num_threads(threads)
