@@ -193,6 +193,8 @@ def load(config: Path, overrides: list[str] | None, verbose: bool = False) -> Co
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Print the resolved config (every key, after base: and --set) first.")
 ]
+LenpenOpt = Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 
 
 @app.command()
@@ -423,134 +425,149 @@ def average(
     typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(map(str, paths))}) -> {out}")
 
 
+TranslateCheckpointOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Checkpoint of `tmt train` or `tmt average`; repeat -c to combine several: averaged on the fly "
+        "by default (the model `tmt average` would write, with the newest input's config and BPE model), "
+        "decoded together with --ensemble (the first one's decoding settings).",
+    ),
+]
+TranslateInputOpt = Annotated[
+    Path | None, typer.Option("--input", "-i", help="Raw text, one sentence per line (default stdin).")
+]
+TranslateOutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Where translations go (default stdout).")
+]
+TranslateBeamOpt = Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4); 1 is greedy.")]
+NbestOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nbest",
+        help="Write the K best hypotheses per input line as 'index<TAB>score<TAB>text' "
+        "(0-based line index, length-normalized log-probability, best first); K <= beam. With --sample: K "
+        "samples, in the order drawn.",
+    ),
+]
+BatchTokensOpt = Annotated[
+    int | None,
+    typer.Option("--batch-tokens", help="Padded source tokens per batch (default: decode.batch_tokens)."),
+]
+TranslateSetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Change the checkpoint's config before the model is built: decode.* keys or model.max_positions "
+        "(sinusoidal positions only), e.g. --set decode.max_len_b=100 (repeatable).",
+    ),
+]
+SampleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sample",
+        help="Draw each token instead of beam search: topk:K from the K most probable tokens, topp:P from the "
+        "fewest most probable tokens holding probability P (e.g. topk:10, topp:0.9). Beam 1 (refuses --beam > 1); "
+        "--nbest K gives K samples per line. Reproducible: a line's sample depends on --seed and the line only, "
+        "not on its batch or the rest of the file (decode.sampling).",
+        show_default=False,
+    ),
+]
+TemperatureOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature",
+        help="With --sample: divide the log-probabilities by T before drawing; < 1 sharper, > 1 more varied "
+        "(default 1; decode.sampling_temperature).",
+        show_default=False,
+    ),
+]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--seed",
+        help="With --sample: the seed, hashed with each line's tokens and the sample's number; the same seed "
+        "and line give the same sample (default 1; decode.seed).",
+        show_default=False,
+    ),
+]
+PrefixFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--prefix-file",
+        help="Target prefixes, one per input line (an empty line: none): each translation starts with its "
+        "line's prefix and the search continues from it; the prefix's tokens count in the score. As many lines "
+        "as the input.",
+        show_default=False,
+    ),
+]
+AlignmentOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--alignment",
+        help="Add each translation's word alignment after a tab (also on --nbest rows), from the decoder's "
+        "attention over the source in decode.alignment_layer (default: the top layer): hard = Pharaoh "
+        "'i-j' pairs (0-based source word i, target word j); soft = per target word, the source words' "
+        "probabilities, comma-separated, words separated by spaces.",
+        show_default=False,
+    ),
+]
+WindowLinesOpt = Annotated[
+    int,
+    typer.Option(
+        "--window-lines",
+        help="Read, translate and write a file or pipe N lines at a time, so that memory holds N lines whatever "
+        "the input's length; each window is batched by length (the same output for any N).",
+    ),
+]
+BufferLinesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--buffer-lines",
+        help="Translate N lines at a time as they are read and print their translations at once, flushed, "
+        "for a program that writes a line and waits for its translation (default at a terminal: 1; files and "
+        "pipes are otherwise read in --window-lines windows batched by length, the fastest). Prints to stdout: "
+        "not with -o.",
+        show_default=False,
+    ),
+]
+ConstraintsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--constraints",
+        help="Lexically constrained decoding: each input line is the source, then tab-separated target phrases "
+        "its translation must contain, in any order, each as written (fairseq's format: "
+        "'A dog runs.<TAB>Hund<TAB>rennt'); a line without a tab is translated as usual. Phrases are encoded "
+        "as words after a space. Dynamic beam allocation (docs/decoding.md); not with --engine ctranslate2.",
+    ),
+]
+
+
 @app.command(context_settings={"allow_extra_args": True})  # a file given without -i: named in the error
 def translate(
     ctx: typer.Context,
-    checkpoint: Annotated[
-        list[Path],
-        typer.Option(
-            "--checkpoint",
-            "-c",
-            help="Checkpoint of `tmt train` or `tmt average`; repeat -c to combine several: averaged on the fly "
-            "by default (the model `tmt average` would write, with the newest input's config and BPE model), "
-            "decoded together with --ensemble (the first one's decoding settings).",
-        ),
-    ],
-    input: Annotated[
-        Path | None, typer.Option("--input", "-i", help="Raw text, one sentence per line (default stdin).")
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Where translations go (default stdout).")
-    ] = None,
-    beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4); 1 is greedy.")] = None,
-    lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
-    nbest: Annotated[
-        int | None,
-        typer.Option(
-            "--nbest",
-            help="Write the K best hypotheses per input line as 'index<TAB>score<TAB>text' "
-            "(0-based line index, length-normalized log-probability, best first); K <= beam. With --sample: K "
-            "samples, in the order drawn.",
-        ),
-    ] = None,
-    batch_tokens: Annotated[
-        int | None,
-        typer.Option("--batch-tokens", help="Padded source tokens per batch (default: decode.batch_tokens)."),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            "-s",
-            help="Change the checkpoint's config before the model is built: decode.* keys or model.max_positions "
-            "(sinusoidal positions only), e.g. --set decode.max_len_b=100 (repeatable).",
-        ),
-    ] = None,
+    checkpoint: TranslateCheckpointOpt,
+    input: TranslateInputOpt = None,
+    output: TranslateOutputOpt = None,
+    beam: TranslateBeamOpt = None,
+    lenpen: LenpenOpt = None,
+    nbest: NbestOpt = None,
+    batch_tokens: BatchTokensOpt = None,
+    device: DeviceOpt = None,
+    set_: TranslateSetOpt = None,
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
-    sample: Annotated[
-        str | None,
-        typer.Option(
-            "--sample",
-            help="Draw each token instead of beam search: topk:K from the K most probable tokens, topp:P from the "
-            "fewest most probable tokens holding probability P (e.g. topk:10, topp:0.9). Beam 1 (refuses --beam > 1); "
-            "--nbest K gives K samples per line. Reproducible: a line's sample depends on --seed and the line only, "
-            "not on its batch or the rest of the file (decode.sampling).",
-            show_default=False,
-        ),
-    ] = None,
-    temperature: Annotated[
-        float | None,
-        typer.Option(
-            "--temperature",
-            help="With --sample: divide the log-probabilities by T before drawing; < 1 sharper, > 1 more varied "
-            "(default 1; decode.sampling_temperature).",
-            show_default=False,
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            "--seed",
-            help="With --sample: the seed, hashed with each line's tokens and the sample's number; the same seed "
-            "and line give the same sample (default 1; decode.seed).",
-            show_default=False,
-        ),
-    ] = None,
-    prefix_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--prefix-file",
-            help="Target prefixes, one per input line (an empty line: none): each translation starts with its "
-            "line's prefix and the search continues from it; the prefix's tokens count in the score. As many lines "
-            "as the input.",
-            show_default=False,
-        ),
-    ] = None,
-    alignment: Annotated[
-        str | None,
-        typer.Option(
-            "--alignment",
-            help="Add each translation's word alignment after a tab (also on --nbest rows), from the decoder's "
-            "attention over the source in decode.alignment_layer (default: the top layer): hard = Pharaoh "
-            "'i-j' pairs (0-based source word i, target word j); soft = per target word, the source words' "
-            "probabilities, comma-separated, words separated by spaces.",
-            show_default=False,
-        ),
-    ] = None,
-    window_lines: Annotated[
-        int,
-        typer.Option(
-            "--window-lines",
-            help="Read, translate and write a file or pipe N lines at a time, so that memory holds N lines whatever "
-            "the input's length; each window is batched by length (the same output for any N).",
-        ),
-    ] = 10_000,
-    buffer_lines: Annotated[
-        int | None,
-        typer.Option(
-            "--buffer-lines",
-            help="Translate N lines at a time as they are read and print their translations at once, flushed, "
-            "for a program that writes a line and waits for its translation (default at a terminal: 1; files and "
-            "pipes are otherwise read in --window-lines windows batched by length, the fastest). Prints to stdout: "
-            "not with -o.",
-            show_default=False,
-        ),
-    ] = None,
-    constraints: Annotated[
-        bool,
-        typer.Option(
-            "--constraints",
-            help="Lexically constrained decoding: each input line is the source, then tab-separated target phrases "
-            "its translation must contain, in any order, each as written (fairseq's format: "
-            "'A dog runs.<TAB>Hund<TAB>rennt'); a line without a tab is translated as usual. Phrases are encoded "
-            "as words after a space. Dynamic beam allocation (docs/decoding.md); not with --engine ctranslate2.",
-        ),
-    ] = False,
+    sample: SampleOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: SeedOpt = None,
+    prefix_file: PrefixFileOpt = None,
+    alignment: AlignmentOpt = None,
+    window_lines: WindowLinesOpt = 10_000,
+    buffer_lines: BufferLinesOpt = None,
+    constraints: ConstraintsOpt = False,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -573,31 +590,48 @@ def translate(
     with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
-    import sys
-
-    from transformer_mt.decode.stream import stream_lines
-    from transformer_mt.decode.translate import CONSTRAINTS_ENGINE, translate_file
-    from transformer_mt.files import check_output_file
-
-    if ctx.args:
-        raise UserError(
-            f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
-            f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {ctx.args[0]}"
-        )
-    if constraints and engine is Engine.ctranslate2:
-        raise UserError(CONSTRAINTS_ENGINE)
+    _check_translate_args(ctx.args, checkpoint, constraints, engine)
     overrides = decode_overrides(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
         temperature=temperature, seed=seed, alignment=alignment,
     )  # fmt: skip
     settings = dict(
-        device=device,
-        overrides=overrides,
-        engine=engine.value,
-        ensemble=ensemble,
-        prefix_file=prefix_file,
+        device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file,
         constraints=constraints,
-    )
+    )  # fmt: skip
+    _translate_lines(checkpoint, input, output, window_lines, buffer_lines, settings)
+
+
+def _check_translate_args(args: list[str], checkpoint: list[Path], constraints: bool, engine: Engine) -> None:
+    """Refuse what translate cannot do before a model is loaded: a file given without -i (typer takes it as an extra
+    argument; the error names the -i it meant) and --constraints with CTranslate2, whose search has none."""
+    from transformer_mt.decode.translate import CONSTRAINTS_ENGINE
+
+    if args:
+        raise UserError(
+            f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
+            f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {args[0]}"
+        )
+    if constraints and engine is Engine.ctranslate2:
+        raise UserError(CONSTRAINTS_ENGINE)
+
+
+def _translate_lines(
+    checkpoint: list[Path],
+    input: Path | None,
+    output: Path | None,
+    window_lines: int,
+    buffer_lines: int | None,
+    settings: dict,
+) -> None:
+    """Check where the translations go, then translate in windows (files, pipes: batched by length, -o written
+    whole) or as lines arrive (a terminal, --buffer-lines), so that each kind of input gets the mode that suits it."""
+    import sys
+
+    from transformer_mt.decode.stream import stream_lines
+    from transformer_mt.decode.translate import translate_file
+    from transformer_mt.files import check_output_file
+
     if output is not None:
         check_output_file(output, example="translations.txt")
     elif sys.stdout is None:
@@ -645,7 +679,7 @@ def evaluate(
         ),
     ] = None,
     beam: Annotated[int | None, typer.Option("--beam", "-b", help="Beam size (paper: 4).")] = None,
-    lenpen: Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")] = None,
+    lenpen: LenpenOpt = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     set_: Annotated[
         list[str] | None,
@@ -680,51 +714,60 @@ def evaluate(
     )  # fmt: skip
 
 
+ServeCheckpointOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Checkpoint of `tmt train` or `tmt average` (several -c are averaged); with --engine ctranslate2, "
+        "a `tmt export ctranslate2` directory.",
+    ),
+]
+HostOpt = Annotated[
+    str, typer.Option("--host", help="Address to listen on; 0.0.0.0 for every interface (behind a proxy).")
+]
+PortOpt = Annotated[int, typer.Option("--port", "-p", help="TCP port to listen on.")]
+MaxBatchTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch-tokens",
+        help="Source tokens the worker gathers from concurrent requests into one round, and the padded tokens "
+        "per beam-search batch (decode.batch_tokens; default: the checkpoint's).",
+    ),
+]
+MaxWaitMsOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-wait-ms", help="How long the worker waits for more requests to batch with the oldest one (ms)."
+    ),
+]
+QueueOpt = Annotated[
+    int, typer.Option("--queue", help="Requests that may wait for the worker; beyond, 429 with Retry-After.")
+]
+MaxLinesOpt = Annotated[int, typer.Option("--max-lines", help="Lines one request may send (413 beyond).")]
+MaxCharsOpt = Annotated[
+    int, typer.Option("--max-chars", help="Characters one request may send, all lines together (413 beyond).")
+]
+ServeSetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
+]
+
+
 @app.command()
 def serve(
-    checkpoint: Annotated[
-        list[Path],
-        typer.Option(
-            "--checkpoint",
-            "-c",
-            help="Checkpoint of `tmt train` or `tmt average` (several -c are averaged); with --engine ctranslate2, "
-            "a `tmt export ctranslate2` directory.",
-        ),
-    ],  # fmt: skip
-    host: Annotated[
-        str, typer.Option("--host", help="Address to listen on; 0.0.0.0 for every interface (behind a proxy).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", help="TCP port to listen on.")] = 8000,
+    checkpoint: ServeCheckpointOpt,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8000,
     engine: EngineOpt = Engine.pytorch,
     quantize: QuantizeOpt = None,
-    max_batch_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-batch-tokens",
-            help="Source tokens the worker gathers from concurrent requests into one round, and the padded tokens "
-            "per beam-search batch (decode.batch_tokens; default: the checkpoint's).",
-        ),
-    ] = None,
-    max_wait_ms: Annotated[
-        float,
-        typer.Option(
-            "--max-wait-ms", help="How long the worker waits for more requests to batch with the oldest one (ms)."
-        ),
-    ] = 10.0,
-    queue: Annotated[
-        int, typer.Option("--queue", help="Requests that may wait for the worker; beyond, 429 with Retry-After.")
-    ] = 256,
-    max_lines: Annotated[int, typer.Option("--max-lines", help="Lines one request may send (413 beyond).")] = 256,
-    max_chars: Annotated[
-        int, typer.Option("--max-chars", help="Characters one request may send, all lines together (413 beyond).")
-    ] = 20_000,
-    device: Annotated[
-        str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
-    ] = None,
+    max_batch_tokens: MaxBatchTokensOpt = None,
+    max_wait_ms: MaxWaitMsOpt = 10.0,
+    queue: QueueOpt = 256,
+    max_lines: MaxLinesOpt = 256,
+    max_chars: MaxCharsOpt = 20_000,
+    device: DeviceOpt = None,
+    set_: ServeSetOpt = None,
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
@@ -750,40 +793,47 @@ def serve(
     )  # fmt: skip
 
 
+ExportTargetArg = Annotated[
+    str,
+    typer.Argument(
+        help="ctranslate2: a CTranslate2 model directory. hf: a Hugging Face transformers (Marian) model "
+        "directory. spm: the checkpoint's sentencepiece model file.",
+        metavar="ctranslate2|hf|spm",
+        show_default=False,
+    ),
+]
+ExportCheckpointOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Checkpoint of `tmt train` or `tmt average`; for ctranslate2 and hf, repeat -c to average several.",
+    ),
+]
+ExportOutputOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out-dir", "--output", "-o", help="The model directory to write (ctranslate2, hf), or the file (spm)."
+    ),
+]
+QuantizationOpt = Annotated[
+    str,
+    typer.Option(
+        "--quantization",
+        help="Weights as stored for CTranslate2: float32 (as trained), int8 (int8 weights, float32 "
+        "activations; for CPUs), int8_float32 (the same), float16 or bfloat16 (for GPUs).",
+    ),
+]
+ExportForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")]
+
+
 @app.command()
 def export(
-    target: Annotated[
-        str,
-        typer.Argument(
-            help="ctranslate2: a CTranslate2 model directory. hf: a Hugging Face transformers (Marian) model "
-            "directory. spm: the checkpoint's sentencepiece model file.",
-            metavar="ctranslate2|hf|spm",
-            show_default=False,
-        ),
-    ],
-    checkpoint: Annotated[
-        list[Path],
-        typer.Option(
-            "--checkpoint",
-            "-c",
-            help="Checkpoint of `tmt train` or `tmt average`; for ctranslate2 and hf, repeat -c to average several.",
-        ),
-    ],
-    output: Annotated[
-        Path,
-        typer.Option(
-            "--out-dir", "--output", "-o", help="The model directory to write (ctranslate2, hf), or the file (spm)."
-        ),
-    ],
-    quantization: Annotated[
-        str,
-        typer.Option(
-            "--quantization",
-            help="Weights as stored for CTranslate2: float32 (as trained), int8 (int8 weights, float32 "
-            "activations; for CPUs), int8_float32 (the same), float16 or bfloat16 (for GPUs).",
-        ),
-    ] = "float32",
-    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    target: ExportTargetArg,
+    checkpoint: ExportCheckpointOpt,
+    output: ExportOutputOpt,
+    quantization: QuantizationOpt = "float32",
+    force: ExportForceOpt = False,
 ) -> None:
     """Write a model directory for another engine (CTranslate2, Hugging Face transformers), or a BPE model (spm).
 
