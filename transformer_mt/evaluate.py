@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.config import DataConfig
+from transformer_mt.config import DataConfig, DecodeConfig
 from transformer_mt.data.clean import read_lines as _read_utf8_lines
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.errors import UserError
@@ -228,6 +228,39 @@ def evaluate_checkpoint(
     """
     from transformer_mt.decode.translate import empty_outputs, load_translator
 
+    _check_request(testset, src, ref, output)
+    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
+    data = translator.cfg.data
+    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
+    sources = _read_parallel(src_path, ref_path)
+    name = testset or src_path.stem
+    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
+    out_dir = _output_dir(output, Path(checkpoints[0]), name)
+    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
+    hyps = translator.translate_lines(sources)
+    atomic_write_lines(hyp_path, hyps)
+    empty, warning = empty_outputs(sources, hyps)
+    scores = {
+        "testset": name,
+        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
+        "src": str(src_path),
+        "checkpoints": [str(c) for c in checkpoints],
+        "engine": engine,
+        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
+        "decode": _decode_settings(translator.cfg.decode),
+        **score_files(hyp_path, ref_path, data.tgt_lang),
+        "empty_hypotheses": empty,  # non-empty source lines translated to nothing
+    }
+    write_scores(out_dir / SCORES_NAME, scores)
+    _report(scores, out_dir, warning)
+    return scores
+
+
+def _check_request(
+    testset: str | None, src: str | Path | None, ref: str | Path | None, output: str | Path | None
+) -> None:
+    """The mistakes in the arguments alone, refused before loading any model (which takes seconds to minutes):
+    half of --src/--ref, an output directory that cannot be made, an unknown test set name."""
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if output is not None:
@@ -238,43 +271,38 @@ def evaluate_checkpoint(
             f"data.valid files), {', '.join(TESTSETS)} (downloaded by sacreBLEU); or pass local files with --src "
             "and --ref"
         )
-    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
-    data = translator.cfg.data
-    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
+
+
+def _read_parallel(src_path: Path, ref_path: Path) -> list[str]:
+    """The source lines, once the reference is read too and has as many: checked before translating, so that a
+    mismatched pair fails in a second, not after the whole test set is decoded."""
     sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")
     if len(sources) != len(refs):
         raise EvaluateError(
             f"{src_path} has {len(sources)} lines but {ref_path} has {len(refs)}; they must be parallel"
         )
-    name = testset or src_path.stem
-    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
-    first = Path(checkpoints[0])
-    out_dir = (
-        Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
-    )
-    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
-    hyps = translator.translate_lines(sources)
-    atomic_write_lines(hyp_path, hyps)
-    empty, warning = empty_outputs(sources, hyps)
-    d = translator.cfg.decode
-    scores = {
-        "testset": name,
-        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
-        "src": str(src_path),
-        "checkpoints": [str(c) for c in checkpoints],
-        "engine": engine,
-        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
-        "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
-                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping},
-        **score_files(hyp_path, ref_path, data.tgt_lang),
-        "empty_hypotheses": empty,  # non-empty source lines translated to nothing
-    }  # fmt: skip
-    write_scores(out_dir / SCORES_NAME, scores)
+    return sources
+
+
+def _output_dir(output: str | Path | None, first: Path, name: str) -> Path:
+    """``output``, else ``eval_<name>`` beside the first checkpoint, or inside it when it is a run directory:
+    where `tmt report` looks for a run's evaluations."""
+    return Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
+
+
+def _decode_settings(d: DecodeConfig) -> dict[str, Any]:
+    """The decoding settings that change the hypotheses, saved beside the scores so that two evaluations can be
+    told apart."""
+    return {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
+            "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping}  # fmt: skip
+
+
+def _report(scores: dict[str, Any], out_dir: Path, warning: str | None) -> None:
+    """The scores on stdout (what a script reads); where they are and any empty-output warning on stderr."""
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
     if warning:
         print(warning, file=sys.stderr)
-    return scores
 
 
 def _path(p: str | Path | None) -> Path | None:
