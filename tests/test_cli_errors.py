@@ -87,7 +87,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("transformer_mt.evaluate.score_files", broken)
+    monkeypatch.setattr("transformer_mt.metrics.score_files", broken)
     hyp = tmp_path / "h.txt"
     hyp.write_text("a\n")
     result = CliRunner().invoke(app, ["score", "--hyp", str(hyp), "--ref", str(hyp)])

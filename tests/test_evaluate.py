@@ -18,15 +18,8 @@ from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.errors import UserError
-from transformer_mt.evaluate import (
-    EvaluateError,
-    compound_split,
-    evaluate_checkpoint,
-    format_scores,
-    moses_tokenize,
-    read_lines,
-    score_files,
-)
+from transformer_mt.evaluate import evaluate_checkpoint
+from transformer_mt.metrics import EvaluateError, compound_split, format_scores, moses_tokenize, read_lines, score_files
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14_en_de"  # beside the repository
 

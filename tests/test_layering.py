@@ -86,7 +86,7 @@ def test_decode_does_not_import_train(graph):
 # the first group, only the names before it).
 LAYERS = [
     *(("errors",), ("malloc",), ("files",), ("run_names",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
-    *(("data",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
+    *(("data",), ("metrics",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
     *(("report", "plots", "attention_maps", "init_config"), ("serve",), ("quickstart", "cli", "__main__")),
 ]
 

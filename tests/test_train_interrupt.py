@@ -89,7 +89,7 @@ def test_the_command_line_exits_130_with_one_line(raised, line, monkeypatch, tmp
     def score(*args: object, **kwargs: object) -> None:
         raise raised
 
-    monkeypatch.setattr("transformer_mt.evaluate.score_files", score)
+    monkeypatch.setattr("transformer_mt.metrics.score_files", score)
     hyp = tmp_path / "h.txt"
     hyp.write_text("a\n")
     result = CliRunner().invoke(app, ["score", "--hyp", str(hyp), "--ref", str(hyp)])

@@ -22,7 +22,7 @@ from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
-from transformer_mt.evaluate import corpus_sacrebleu
+from transformer_mt.metrics import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.average import average_checkpoints

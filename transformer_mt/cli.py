@@ -923,8 +923,8 @@ def score(
     The scores print to stdout; --out-dir and --json write them as the
     scores.json of tmt evaluate (without its decoding settings).
     """
-    from transformer_mt.evaluate import format_scores, score_files, write_scores
     from transformer_mt.files import check_output_file
+    from transformer_mt.metrics import format_scores, score_files, write_scores
 
     if json_out is not None:
         check_output_file(json_out, "--json", SCORES_NAME)

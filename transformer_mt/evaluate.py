@@ -1,170 +1,23 @@
-"""`tmt evaluate` and `tmt score`: sacreBLEU, chrF and the paper's tokenized, compound-split BLEU.
+"""`tmt evaluate`: translate a test set with a checkpoint and score it (`transformer_mt.metrics`).
 
-Two BLEU figures, because they answer different questions:
-
-- **sacreBLEU** (13a tokenization, cased, one reference) on detokenized
-  output: the standard, comparable figure, reported with its signature.
-- **The paper's BLEU**: what tensor2tensor's ``get_ende_bleu.sh`` computed for
-  the paper's tables. Hypotheses and references are passed through Moses'
-  ``replace-unicode-punctuation.perl`` and ``tokenizer.perl -l <lang>``
-  (`sacremoses`, same rules), hyphenated compounds are split with
-  ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`` (German targets, as for the paper's
-  en-de table), and BLEU is computed on the resulting tokens exactly as
-  ``multi-bleu.perl`` does (sacreBLEU with ``tokenize='none'`` and no
-  smoothing). It is usually higher than sacreBLEU on the same output, because
-  splitting compounds and punctuation creates many easy matches.
+The test set is a named one (sacreBLEU's), the checkpoint config's own
+``test``/``valid`` split, or local ``--src``/``--ref`` files. The scores are
+`transformer_mt.metrics.score_files`'s (sacreBLEU, chrF, TER and the paper's
+BLEU), with the decoding settings, in ``scores.json``.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.config import DataConfig
-from transformer_mt.data.clean import read_lines as _read_utf8_lines
+from transformer_mt.config import DataConfig, DecodeConfig
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
-from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_lines, check_output_parent
+from transformer_mt.metrics import EvaluateError, format_scores, read_lines, score_files, write_scores
 from transformer_mt.run_names import EVAL_PREFIX, SCORES_NAME
-
-_COMPOUND = re.compile(r"(\S)-(\S)")
-
-
-class EvaluateError(UserError):
-    """Input problems a user can fix; the message names the files and the fix."""
-
-
-# -- the paper's metric
-
-
-def compound_split(line: str) -> str:
-    """tensor2tensor's ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``: same regex, same non-overlapping scan."""
-    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
-
-
-def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
-    """replace-unicode-punctuation.perl, then tokenizer.perl -l ``lang`` (default escaping, no -a), via sacremoses."""
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    punct = MosesPunctNormalizer(lang=lang)
-    tok = MosesTokenizer(lang=lang)
-    return [tok.tokenize(punct.replace_unicode_punct(line), return_str=True, escape=True) for line in lines]
-
-
-def paper_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, split_compounds: bool) -> dict[str, Any]:
-    """Tokenized, case-sensitive BLEU (multi-bleu.perl equivalent) after Moses tokenization and compound splitting."""
-    from sacrebleu.metrics import BLEU
-
-    hyp_tok, ref_tok = moses_tokenize(hyps, lang), moses_tokenize(refs, lang)
-    if split_compounds:
-        hyp_tok, ref_tok = [compound_split(h) for h in hyp_tok], [compound_split(r) for r in ref_tok]
-    return bleu_details(BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(hyp_tok, [ref_tok]))
-
-
-def bleu_details(score: Any) -> dict[str, Any]:
-    """The parts of a sacreBLEU BLEUScore worth saving: score, n-gram precisions (%), brevity penalty, lengths."""
-    return {
-        "score": round(score.score, 4),
-        "precisions": [round(p, 4) for p in score.precisions],
-        "bp": round(score.bp, 6),
-        "hyp_len": score.sys_len,
-        "ref_len": score.ref_len,
-    }
-
-
-# -- scoring files
-
-
-def read_lines(path: Path, role: str) -> list[str]:
-    """Lines of a UTF-8 file, split on '\\n' only; a bad byte is an error naming the file and line.
-
-    An empty file is refused: a corpus score of no sentences does not
-    exist (sacreBLEU fails on it), and it is almost always the wrong file.
-    """
-    try:
-        lines = list(_read_utf8_lines(path))
-    except OSError as err:
-        raise EvaluateError(f"{path}: cannot read the {role} file ({err.strerror})") from None
-    if not lines:
-        raise EvaluateError(f"{path}: the {role} file is empty; nothing to score (is it the right file?)")
-    return lines
-
-
-def corpus_sacrebleu(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
-    """sacreBLEU (13a, cased, one reference) of detokenized ``hyps`` against raw ``refs``, with its signature.
-
-    The figure of `tmt evaluate` and `tmt score`, and of the validation BLEU that training logs.
-    """
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU()
-    return {**bleu_details(bleu.corpus_score(list(hyps), [list(refs)])), "signature": str(bleu.get_signature())}
-
-
-def score_lines(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
-    """sacreBLEU (13a, cased), chrF and TER with signatures, and the paper's BLEU; compounds split for German.
-
-    TER is sacreBLEU's (Snover et al. 2006, tercom's rules): edits, shifts
-    included, per reference word, in percent; lower is better.
-    """
-    from sacrebleu.metrics import CHRF, TER
-
-    chrf, ter = CHRF(), TER()
-    split = lang == "de"
-    return {
-        "sentences": len(hyps),
-        "sacrebleu": corpus_sacrebleu(hyps, refs),
-        "chrf": {"score": round(chrf.corpus_score(list(hyps), [list(refs)]).score, 4),
-                 "signature": str(chrf.get_signature())},
-        "ter": {"score": round(ter.corpus_score(list(hyps), [list(refs)]).score, 4),
-                "signature": str(ter.get_signature())},
-        "paper_bleu": {
-            **paper_bleu(hyps, refs, lang, split),
-            "metric": f"tokenized BLEU (Moses -l {lang}), case-sensitive"
-            + (", compound splitting ##AT##-##AT##" if split else "")
-            + ", multi-bleu.perl equivalent (tensor2tensor get_ende_bleu.sh)",
-        },
-    }  # fmt: skip
-
-
-def score_files(hyp: str | Path, ref: str | Path, lang: str = "de") -> dict[str, Any]:
-    """Score detokenized hypotheses against raw references (one sentence per line, same line count)."""
-    hyp, ref = Path(hyp), Path(ref)
-    hyps, refs = read_lines(hyp, "hypothesis"), read_lines(ref, "reference")
-    if len(hyps) != len(refs):
-        raise EvaluateError(
-            f"{hyp} has {len(hyps)} lines but {ref} has {len(refs)}; each hypothesis line must translate the "
-            "reference line with the same number (was the output of another test set, or cut short?)"
-        )
-    return {"hyp": str(hyp), "ref": str(ref), **score_lines(hyps, refs, lang)}
-
-
-def write_scores(path: Path, scores: dict[str, Any]) -> None:
-    """``scores`` as indented JSON, written whole or not at all: what `tmt report` reads back."""
-    atomic_write_lines(path, [json.dumps(scores, indent=2)])
-
-
-def format_scores(scores: dict[str, Any]) -> str:
-    """A few aligned lines for people; scores.json holds the same and more."""
-    s, c, p = scores["sacrebleu"], scores["chrf"], scores["paper_bleu"]
-    precisions = "/".join(f"{x:.1f}" for x in s["precisions"])
-    return "\n".join(
-        [
-            f"sacreBLEU   {s['score']:6.2f}  {precisions} BP {s['bp']:.3f}  {s['signature']}",
-            f"chrF2       {c['score']:6.2f}  {c['signature']}",
-            *(
-                [f"TER         {scores['ter']['score']:6.2f}  {scores['ter']['signature']} (lower is better)"]
-                if "ter" in scores
-                else []
-            ),
-            f"paper BLEU  {p['score']:6.2f}  {p['metric']}; the metric of the paper's tables",
-        ]
-    )
-
 
 # -- test sets
 
@@ -228,6 +81,39 @@ def evaluate_checkpoint(
     """
     from transformer_mt.decode.translate import empty_outputs, load_translator
 
+    _check_request(testset, src, ref, output)
+    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
+    data = translator.cfg.data
+    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
+    sources = _read_parallel(src_path, ref_path)
+    name = testset or src_path.stem
+    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
+    out_dir = _output_dir(output, Path(checkpoints[0]), name)
+    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
+    hyps = translator.translate_lines(sources)
+    atomic_write_lines(hyp_path, hyps)
+    empty, warning = empty_outputs(sources, hyps)
+    scores = {
+        "testset": name,
+        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
+        "src": str(src_path),
+        "checkpoints": [str(c) for c in checkpoints],
+        "engine": engine,
+        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
+        "decode": _decode_settings(translator.cfg.decode),
+        **score_files(hyp_path, ref_path, data.tgt_lang),
+        "empty_hypotheses": empty,  # non-empty source lines translated to nothing
+    }
+    write_scores(out_dir / SCORES_NAME, scores)
+    _report(scores, out_dir, warning)
+    return scores
+
+
+def _check_request(
+    testset: str | None, src: str | Path | None, ref: str | Path | None, output: str | Path | None
+) -> None:
+    """The mistakes in the arguments alone, refused before loading any model (which takes seconds to minutes):
+    half of --src/--ref, an output directory that cannot be made, an unknown test set name."""
     if (src is None) != (ref is None):
         raise EvaluateError("pass both --src and --ref (local files), or neither (a named test set)")
     if output is not None:
@@ -238,43 +124,38 @@ def evaluate_checkpoint(
             f"data.valid files), {', '.join(TESTSETS)} (downloaded by sacreBLEU); or pass local files with --src "
             "and --ref"
         )
-    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
-    data = translator.cfg.data
-    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
+
+
+def _read_parallel(src_path: Path, ref_path: Path) -> list[str]:
+    """The source lines, once the reference is read too and has as many: checked before translating, so that a
+    mismatched pair fails in a second, not after the whole test set is decoded."""
     sources, refs = read_lines(src_path, "source"), read_lines(ref_path, "reference")
     if len(sources) != len(refs):
         raise EvaluateError(
             f"{src_path} has {len(sources)} lines but {ref_path} has {len(refs)}; they must be parallel"
         )
-    name = testset or src_path.stem
-    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
-    first = Path(checkpoints[0])
-    out_dir = (
-        Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
-    )
-    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
-    hyps = translator.translate_lines(sources)
-    atomic_write_lines(hyp_path, hyps)
-    empty, warning = empty_outputs(sources, hyps)
-    d = translator.cfg.decode
-    scores = {
-        "testset": name,
-        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
-        "src": str(src_path),
-        "checkpoints": [str(c) for c in checkpoints],
-        "engine": engine,
-        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
-        "decode": {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
-                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping},
-        **score_files(hyp_path, ref_path, data.tgt_lang),
-        "empty_hypotheses": empty,  # non-empty source lines translated to nothing
-    }  # fmt: skip
-    write_scores(out_dir / SCORES_NAME, scores)
+    return sources
+
+
+def _output_dir(output: str | Path | None, first: Path, name: str) -> Path:
+    """``output``, else ``eval_<name>`` beside the first checkpoint, or inside it when it is a run directory:
+    where `tmt report` looks for a run's evaluations."""
+    return Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
+
+
+def _decode_settings(d: DecodeConfig) -> dict[str, Any]:
+    """The decoding settings that change the hypotheses, saved beside the scores so that two evaluations can be
+    told apart."""
+    return {"beam_size": d.beam_size, "len_penalty": d.len_penalty, "len_penalty_form": d.len_penalty_form,
+            "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping}  # fmt: skip
+
+
+def _report(scores: dict[str, Any], out_dir: Path, warning: str | None) -> None:
+    """The scores on stdout (what a script reads); where they are and any empty-output warning on stderr."""
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
     if warning:
         print(warning, file=sys.stderr)
-    return scores
 
 
 def _path(p: str | Path | None) -> Path | None:

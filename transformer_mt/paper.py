@@ -7,7 +7,7 @@ against `TABLE3`), and a run is matched to its row by its config
 (`table2_row`, `table3_row`), never by its directory name.
 
 BLEU in both tables is the paper's tokenized, case-sensitive BLEU with
-compound splitting (`transformer_mt.evaluate.paper_bleu`); Table 3's
+compound splitting (`transformer_mt.metrics.paper_bleu`); Table 3's
 perplexities are per BPE token on newstest2013, of single (not averaged)
 models. Table 2's training cost is the paper's estimate of hardware FLOPs:
 training time x GPUs x a sustained 9.5 TFLOPS per P100 (footnote 5), e.g.

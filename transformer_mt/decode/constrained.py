@@ -215,52 +215,90 @@ def constrained_search(
     Raises `ConstraintLengthError` (the first sentence at fault) when a
     sentence's constraint tokens exceed its maximum output length.
     """
+    _check_arguments(src, constraints, beam_size, nbest)
+    max_len = max_output_lengths(src, max_len_a, max_len_b, max_positions)
+    phrases = phrase_table(constraints, src.device)
+    _check_room(phrases, max_len)
+    beams = _start(model, src, max_len, use_cache)
+    state = Progress.start(phrases)
+    finished = _Finished(beam_size, [[] for _ in range(src.shape[0])])
+    step = 0
+    while beams.sent.numel() > 0:
+        cands, after, bank = _expand(
+            model, beams, state, phrases, step, beam_size, use_cache, no_repeat_ngram, continues_word
+        )
+        beams, state, phrases = _choose(
+            finished, beams, phrases, cands, after, bank, step, beam_size, len_penalty, len_penalty_form, stopping
+        )
+        step += 1
+        if after_step is not None:
+            after_step()
+    return [hyps[:nbest] for hyps in finished.hyps]
+
+
+def _check_arguments(src: Tensor, constraints: Sequence[Constraints], beam_size: int, nbest: int) -> None:
+    """The caller's mistakes, refused before any model work: no beam, an n-best larger than the beam, or a
+    constraint list count that does not match the batch (each sentence needs its own list, empty or not)."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
     if len(constraints) != src.shape[0]:
         raise ValueError(f"{src.shape[0]} sentences but {len(constraints)} constraint lists")
-    k = beam_size
-    max_len = max_output_lengths(src, max_len_a, max_len_b, max_positions)
-    phrases = phrase_table(constraints, src.device)
-    too_long = (phrases.total > max_len.to(src.device)).nonzero().flatten().tolist()
+
+
+def _check_room(phrases: _Phrases, max_len: Tensor) -> None:
+    """Rule 5's precondition: a sentence whose constraint tokens exceed its maximum output length has no
+    output at all, so the search refuses it up front (the first sentence at fault) rather than end empty."""
+    too_long = (phrases.total > max_len.to(phrases.total.device)).nonzero().flatten().tolist()
     if too_long:
         i = too_long[0]
         raise ConstraintLengthError(i, int(phrases.total[i]), int(max_len[i]))
-    beams = _start(model, src, max_len, use_cache)
-    state = Progress.start(phrases)
-    finished = _Finished(k, [[] for _ in range(src.shape[0])])
-    step = 0
-    while beams.sent.numel() > 0:
-        w = beams.width
-        rows = torch.arange(beams.sent.numel(), device=src.device).repeat_interleave(w)  # sentence of each row
-        row_phrases = phrases.select(rows)
-        nxt = state.next_tokens(row_phrases)  # (n*w, C)
-        lprobs = _next_log_probs(model, beams, use_cache)
-        lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram, continues_word)
-        cands = _candidates(beams.scores, lprobs, nxt, k)
-        sentence = torch.arange(beams.sent.numel(), device=src.device)[:, None].expand_as(cands.beam).flatten()
-        cand_phrases = phrases.select(sentence)  # (n*M) rows: one per candidate
-        after = state.select(sentence * w + cands.beam.flatten()).extend(cand_phrases, cands.token.flatten())
-        bank = after.met_tokens(cand_phrases).view_as(cands.score)
-        total = phrases.total
-        # the EOS candidates given a place are finished (rule 4)
-        chosen = _allocate(cands.score, bank, total, k)
-        _collect_finished(finished, beams, *cands.take(chosen), step, len_penalty, len_penalty_form)
-        not_eos = cands.score.masked_fill(cands.token == EOS, NEG_INF)
-        live = _allocate(not_eos, bank, total, k)
-        _, live_beam, live_token = cands.take(live)
-        live_scores = not_eos.gather(1, live)
-        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
-        keep = kept_sentences(done)
-        state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
-        phrases = phrases.select(keep)
-        beams = _advance(beams, live_scores, live_beam, live_token, done, k)
-        step += 1
-        if after_step is not None:
-            after_step()
-    return [hyps[:nbest] for hyps in finished.hyps]
+
+
+def _expand(
+    model: Any, beams: _Beams, state: Progress, phrases: _Phrases, step: int, k: int, use_cache: bool,
+    no_repeat_ngram: int, continues_word: Tensor | None,
+) -> tuple[_Candidates, Progress, Tensor]:  # fmt: skip
+    """One step's candidates (rules 2, 4-7) with the constraint state each would have and its bank (n, M).
+
+    Split from `_choose` so that what a step proposes and what it keeps
+    can be read apart: here nothing is decided, every candidate is scored.
+    """
+    w = beams.width
+    device = beams.sent.device
+    rows = torch.arange(beams.sent.numel(), device=device).repeat_interleave(w)  # sentence of each row
+    row_phrases = phrases.select(rows)
+    nxt = state.next_tokens(row_phrases)  # (n*w, C)
+    lprobs = _next_log_probs(model, beams, use_cache)
+    lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram, continues_word)
+    cands = _candidates(beams.scores, lprobs, nxt, k)
+    sentence = torch.arange(beams.sent.numel(), device=device)[:, None].expand_as(cands.beam).flatten()
+    cand_phrases = phrases.select(sentence)  # (n*M) rows: one per candidate
+    after = state.select(sentence * w + cands.beam.flatten()).extend(cand_phrases, cands.token.flatten())
+    bank = after.met_tokens(cand_phrases).view_as(cands.score)
+    return cands, after, bank
+
+
+def _choose(
+    finished: _Finished, beams: _Beams, phrases: _Phrases, cands: _Candidates, after: Progress, bank: Tensor,
+    step: int, k: int, len_penalty: float, len_penalty_form: Literal["gnmt", "fairseq"],
+    stopping: Literal["exact", "k_finished"],
+) -> tuple[_Beams, Progress, _Phrases]:  # fmt: skip
+    """Rules 3-4: the banks' places for the EOS candidates (finished, into ``finished``) and for the live ones;
+    then the next beams, constraint state and phrases, without the sentences that are done."""
+    total = phrases.total
+    # the EOS candidates given a place are finished (rule 4)
+    chosen = _allocate(cands.score, bank, total, k)
+    _collect_finished(finished, beams, *cands.take(chosen), step, len_penalty, len_penalty_form)
+    not_eos = cands.score.masked_fill(cands.token == EOS, NEG_INF)
+    live = _allocate(not_eos, bank, total, k)
+    _, live_beam, live_token = cands.take(live)
+    live_scores = not_eos.gather(1, live)
+    done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
+    keep = kept_sentences(done)
+    state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
+    return _advance(beams, live_scores, live_beam, live_token, done, k), state, phrases.select(keep)
 
 
 def _restrict(

@@ -62,80 +62,116 @@ class ServerInfo:
 def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True) -> Starlette:
     """The app: routes over ``batcher``; its lifespan starts the worker (unless ``start_worker`` is False: the
     caller runs it) and, at shutdown, lets it finish."""
-    cfg = batcher.translator.cfg
+    handlers = _Handlers(batcher, info, limits, start_worker)
+    return Starlette(routes=handlers.routes(), lifespan=handlers.lifespan)
 
-    async def submit(job: Job) -> list:
+
+class _Handlers:
+    """The route handlers of one app and the state they share: the batcher, what `/health` says, the limits and
+    the model's config. Methods of one object rather than closures in `build_app`, so that each is short and
+    named; the state is only what the app was built with (no state between requests beyond the batcher's
+    counters)."""
+
+    def __init__(self, batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool) -> None:
+        self.batcher, self.info, self.limits, self.start_worker = batcher, info, limits, start_worker
+        self.cfg = batcher.translator.cfg
+
+    def routes(self) -> list[Route | WebSocketRoute]:
+        """The paths the server answers: the demo page, LibreTranslate's, tmt's own, the WebSocket."""
+        return [
+            Route("/", self.page), Route("/languages", self.languages_route), Route("/health", self.health),
+            Route("/translate", self.translate_libre, methods=["POST"]),
+            Route("/v1/translate", self.translate_v1, methods=["POST"]),
+            Route("/v1/attention", self.attention, methods=["POST"]), WebSocketRoute("/ws", self.websocket),
+        ]  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The worker starts with the app; at shutdown, after in-flight requests are answered, it finishes."""
+        if self.start_worker:
+            self.batcher.start()
         try:
-            future = batcher.submit(job)
+            yield
+        finally:
+            await asyncio.to_thread(self.batcher.close)
+
+    async def submit(self, job: Job) -> list:
+        """``job``'s translations; a full queue (429) or a closing server (503) is the client's to retry."""
+        try:
+            future = self.batcher.submit(job)
         except QueueFull as err:
             raise RequestError(429, f"the server is busy ({err}); retry after {RETRY_AFTER_S} s") from None
         except ShuttingDown as err:
             raise RequestError(503, f"{err}; retry on another replica") from None
         return await asyncio.wrap_future(future)
 
-    async def body(request: Request) -> dict[str, Any]:
+    async def body(self, request: Request) -> dict[str, Any]:
         """The JSON body, read no further than the limits allow (413 past them)."""
         chunks, size = [], 0
+        limit = self.limits.body_bytes()
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limits.body_bytes():
-                raise RequestError(413, f"the request body is over {limits.body_bytes()} bytes; send less per request")
+            if size > limit:
+                raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
             chunks.append(chunk)
         return parse_json(b"".join(chunks))
 
-    async def translate_libre(request: Request) -> Response:
-        return await answer(lambda raw: parse_libre(raw, cfg, limits), request, libre)
-
-    async def libre(parsed: Any) -> dict[str, Any]:
-        return libre_response(parsed, await submit(parsed.job), cfg)
-
-    async def translate_v1(request: Request) -> Response:
-        return await answer(lambda raw: parse_v1(raw, cfg, limits), request, v1)
-
-    async def v1(parsed: Any) -> dict[str, Any]:
-        translator = batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
-        for i, (source, prefix) in enumerate(zip(parsed.job.lines, parsed.job.prefixes or [], strict=False)):
-            translator.encode_prefix(i, prefix, translator.encode(i, source), origin="prefixes")  # its errors too
-        if parsed.job.constraints is not None:
-            check_constraints(translator, parsed.job.constraints)
-        return v1_response(await submit(parsed.job))
-
-    async def answer(parse: Any, request: Request, respond: Any) -> Response:
+    async def answer(self, parse: Any, request: Request, respond: Any) -> Response:
+        """``respond(parse(body))`` as JSON; a refused request, or a decoding setting the config refuses, is
+        its JSON error answer: one place for both translation routes to turn errors into statuses."""
         try:
-            return JSONResponse(await respond(parse(await body(request))))
+            return JSONResponse(await respond(parse(await self.body(request))))
         except RequestError as err:
             return refusal(err)
         except UserError as err:  # a decoding setting the config refuses
             return refusal(RequestError(400, " ".join(str(err).split())))
 
-    async def attention(request: Request) -> Response:
+    async def translate_libre(self, request: Request) -> Response:
+        """``POST /translate``, LibreTranslate's API."""
+        return await self.answer(lambda raw: parse_libre(raw, self.cfg, self.limits), request, self.libre)
+
+    async def libre(self, parsed: Any) -> dict[str, Any]:
+        return libre_response(parsed, await self.submit(parsed.job), self.cfg)
+
+    async def translate_v1(self, request: Request) -> Response:
+        """``POST /v1/translate``, tmt's own API (decoding settings, prefixes, constraints, n-best)."""
+        return await self.answer(lambda raw: parse_v1(raw, self.cfg, self.limits), request, self.v1)
+
+    async def v1(self, parsed: Any) -> dict[str, Any]:
+        """Checks what the queue would only find later (decoding settings, prefixes, constraints), so that a bad
+        request is refused on its own instead of failing the batch it would join."""
+        translator = self.batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
+        for i, (source, prefix) in enumerate(zip(parsed.job.lines, parsed.job.prefixes or [], strict=False)):
+            translator.encode_prefix(i, prefix, translator.encode(i, source), origin="prefixes")  # its errors too
+        if parsed.job.constraints is not None:
+            check_constraints(translator, parsed.job.constraints)
+        return v1_response(await self.submit(parsed.job))
+
+    async def attention(self, request: Request) -> Response:
         """The demo page's heat map: one sentence's cross-attention, mean over the heads of one layer."""
         try:
-            raw = await body(request)
-            text, layer = raw.get("text"), raw.get("layer")
-            if not isinstance(text, str) or "\n" in text:
-                raise RequestError(400, "'text' must be one line of text", "text")
-            if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-                raise RequestError(400, f"'layer' must be a layer number, got {layer!r}", "layer")
-            try:
-                found = await asyncio.wrap_future(
-                    batcher.call(
-                        lambda: translator_attention(batcher.translator, text, "cross", layer, name=info.model)
-                    )
-                )
-            except (QueueFull, ShuttingDown) as err:
-                raise RequestError(429 if isinstance(err, QueueFull) else 503, str(err)) from None
+            text, layer = attention_request(await self.body(request))
+            found = await self.attend(text, layer)
         except RequestError as err:
             return refusal(err)
         except AttentionError as err:
             return refusal(RequestError(400, str(err).replace("--", ""), "text"))
-        panel = found.panel
-        return JSONResponse({
-            "translation": found.target, "title": panel.title, "queries": panel.queries, "keys": panel.keys,
-            "weights": panel.weights.mean(axis=0).round(4).tolist(),  # (target tokens, source tokens)
-        })  # fmt: skip
+        return JSONResponse(attention_response(found))
 
-    async def health(request: Request) -> Response:
+    async def attend(self, text: str, layer: int | None) -> Any:
+        """The attention of ``text`` computed on the worker thread, where the model is used, never beside a batch."""
+        try:
+            return await asyncio.wrap_future(
+                self.batcher.call(
+                    lambda: translator_attention(self.batcher.translator, text, "cross", layer, name=self.info.model)
+                )
+            )
+        except (QueueFull, ShuttingDown) as err:
+            raise RequestError(429 if isinstance(err, QueueFull) else 503, str(err)) from None
+
+    async def health(self, request: Request) -> Response:
+        """``GET /health``: the model, the load and the decoding defaults, for a load balancer or a person."""
+        info, batcher, cfg = self.info, self.batcher, self.cfg
         return JSONResponse({
             "status": "ok", "model": info.model, "engine": info.engine, "device": info.device,
             "quantize": info.quantize, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
@@ -146,31 +182,33 @@ def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: 
                        "len_penalty_form": cfg.decode.len_penalty_form},
         })  # fmt: skip
 
-    async def languages_route(request: Request) -> Response:
-        return JSONResponse(languages(cfg))
+    async def languages_route(self, request: Request) -> Response:
+        return JSONResponse(languages(self.cfg))
 
-    async def page(request: Request) -> Response:
+    async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("transformer_mt.serve").joinpath("demo.html").read_text(encoding="utf-8"))
 
-    async def websocket(ws: WebSocket) -> None:
-        await ws_lines(ws, submit, limits)
+    async def websocket(self, ws: WebSocket) -> None:
+        await ws_lines(ws, self.submit, self.limits)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        """The worker starts with the app; at shutdown, after in-flight requests are answered, it finishes."""
-        if start_worker:
-            batcher.start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(batcher.close)
 
-    routes = [
-        Route("/", page), Route("/languages", languages_route), Route("/health", health),
-        Route("/translate", translate_libre, methods=["POST"]), Route("/v1/translate", translate_v1, methods=["POST"]),
-        Route("/v1/attention", attention, methods=["POST"]), WebSocketRoute("/ws", websocket),
-    ]  # fmt: skip
-    return Starlette(routes=routes, lifespan=lifespan)
+def attention_request(raw: dict[str, Any]) -> tuple[str, int | None]:
+    """The text and layer of a ``/v1/attention`` body, checked as plain data (no web framework)."""
+    text, layer = raw.get("text"), raw.get("layer")
+    if not isinstance(text, str) or "\n" in text:
+        raise RequestError(400, "'text' must be one line of text", "text")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise RequestError(400, f"'layer' must be a layer number, got {layer!r}", "layer")
+    return text, layer
+
+
+def attention_response(found: Any) -> dict[str, Any]:
+    """The heat map as the demo page draws it: weights (target tokens, source tokens), mean over the heads."""
+    panel = found.panel
+    return {
+        "translation": found.target, "title": panel.title, "queries": panel.queries, "keys": panel.keys,
+        "weights": panel.weights.mean(axis=0).round(4).tolist(),  # (target tokens, source tokens)
+    }  # fmt: skip
 
 
 async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:

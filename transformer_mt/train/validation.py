@@ -25,7 +25,7 @@ from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.decode.translate import Translator, empty_outputs
 from transformer_mt.errors import out_of_memory
-from transformer_mt.evaluate import corpus_sacrebleu
+from transformer_mt.metrics import corpus_sacrebleu
 from transformer_mt.train.build import max_sentence_len
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.step import TrainError, forward_loss, oom_message
