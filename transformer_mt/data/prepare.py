@@ -51,6 +51,7 @@ from transformer_mt.data.bpe import (
     write_vocab,
 )
 from transformer_mt.data.dataset import split_paths
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
 
@@ -79,7 +80,7 @@ def split_files(cfg: Config) -> list[SplitFiles]:
     d = cfg.data
     prefixes = {"train": d.train, "valid": d.valid, "test": d.test}
     return [
-        SplitFiles(name, Path(f"{prefix}.{d.src_lang}"), Path(f"{prefix}.{d.tgt_lang}"), f"data.{name}")
+        SplitFiles(name, raw_file(prefix, d.src_lang), raw_file(prefix, d.tgt_lang), f"data.{name}")
         for name, prefix in prefixes.items()
         if prefix
     ]
