@@ -47,8 +47,8 @@ def test_encodes_with_the_given_model_byte_for_byte(small: Path, given: Path, ca
     assert (out / "spm.model").read_bytes() == given.read_bytes()
     sp = load_bpe(given)
     manifest = load_manifest(out)
-    assert manifest["vocab_size"] == sp.get_piece_size() == 300  # the model's size, not bpe.vocab_size=120
-    assert manifest["bpe_model"]["path"] == str(given) and "bpe_sample" not in manifest["splits"]["train"]
+    assert manifest.vocab_size == sp.get_piece_size() == 300  # the model's size, not bpe.vocab_size=120
+    assert manifest.bpe_model.path == str(given) and manifest.splits["train"].bpe_sample is None
     ds = ParallelDataset(out, "valid", "en", "de")
     lines = (small / "c" / "valid.en").read_text(encoding="utf-8").splitlines()
     assert [sp.decode(ds.src_ids(i).tolist()) for i in range(len(ds))] == [normalize(s) for s in lines]
@@ -64,9 +64,9 @@ def test_unknown_characters_are_counted_and_reported(small: Path, given: Path, c
         with open(small / "c" / f"train.{lang}", "a", encoding="utf-8") as f:
             f.write((line + "\n") * 5)
     prepare_data(_config(small, f"bpe.model={given}"))
-    splits = load_manifest(small / "out")["splits"]
-    assert (splits["train"]["src_unk"], splits["train"]["tgt_unk"]) == (5, 5)
-    assert (splits["valid"]["src_unk"], splits["valid"]["tgt_unk"]) == (0, 0)
+    splits = load_manifest(small / "out").splits
+    assert (splits["train"].src_unk, splits["train"].tgt_unk) == (5, 5)
+    assert (splits["valid"].src_unk, splits["valid"].tgt_unk) == (0, 0)
     assert "of them 5 / 5 <unk>: characters the BPE model never saw" in capsys.readouterr().err
     ds = ParallelDataset(small / "out", "train", "en", "de")
     assert UNK in ds.src_ids(len(ds) - 1).tolist()
@@ -96,7 +96,7 @@ def test_another_model_re_prepares_and_ignored_keys_do_not(
     prepare_data(cfg)
     assert "up to date" not in capsys.readouterr().err
     assert (small / "out" / "spm.model").read_bytes() == other.read_bytes()
-    assert load_manifest(small / "out")["vocab_size"] == 150 and is_prepared(cfg)
+    assert load_manifest(small / "out").vocab_size == 150 and is_prepared(cfg)
 
 
 def test_without_bpe_model_the_hash_is_the_one_before_the_key_existed() -> None:

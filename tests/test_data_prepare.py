@@ -15,6 +15,7 @@ from transformer_mt.data import binarize
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import EMPTY, RATIO, TOO_LONG, normalize
 from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.manifest import Manifest
 from transformer_mt.data.prepare import MANIFEST, PrepareError, Reservoir, is_prepared, load_manifest, prepare_data
 from transformer_mt.data.synthetic import write_corpus
 from transformer_mt.errors import UserError
@@ -57,11 +58,11 @@ def test_binarized_splits_decode_back_to_the_normalized_text(prepared_toy):
         ds = ParallelDataset(d.dir, split, d.src_lang, d.tgt_lang)
         src = Path(f"{prefix}.{d.src_lang}").read_text(encoding="utf-8").splitlines()
         tgt = Path(f"{prefix}.{d.tgt_lang}").read_text(encoding="utf-8").splitlines()
-        assert len(ds) == len(src) == manifest["splits"][split]["sentences"]
+        assert len(ds) == len(src) == manifest.splits[split].sentences
         assert [sp.decode(ds.src_ids(i).tolist()) for i in range(len(ds))] == [normalize(s) for s in src]
         assert [sp.decode(ds.tgt_ids(i).tolist()) for i in range(len(ds))] == [normalize(t) for t in tgt]
-        assert int(ds.src_lens.sum()) - len(ds) == manifest["splits"][split]["src_tokens"]
-    assert manifest["vocab_size"] == sp.get_piece_size() == prepared_toy.bpe.vocab_size
+        assert int(ds.src_lens.sum()) - len(ds) == manifest.splits[split].src_tokens
+    assert manifest.vocab_size == sp.get_piece_size() == prepared_toy.bpe.vocab_size
     assert is_prepared(prepared_toy)
 
 
@@ -73,10 +74,10 @@ def test_filters_train_and_only_empty_pairs_of_valid(tmp_path):
     _write(tmp_path, "valid", [long, "", "ok"], [long, "x", "gut"])
     _write(tmp_path, "test", ["ok"], ["gut"])
     prepare_data(_config(tmp_path, "bpe.vocab_size=60"))
-    splits = load_manifest(tmp_path / "out")["splits"]
-    assert splits["train"]["dropped"] == {EMPTY: 20, RATIO: 20, TOO_LONG: 20}
-    assert splits["train"]["sentences"] == 60 and splits["train"]["read"] == 120
-    assert splits["valid"]["dropped"] == {EMPTY: 1} and splits["valid"]["sentences"] == 2  # long pair kept
+    splits = load_manifest(tmp_path / "out").splits
+    assert splits["train"].dropped == {EMPTY: 20, RATIO: 20, TOO_LONG: 20}
+    assert splits["train"].sentences == 60 and splits["train"].read == 120
+    assert splits["valid"].dropped == {EMPTY: 1} and splits["valid"].sentences == 2  # long pair kept
     sp = load_bpe(tmp_path / "out" / "spm.model")
     ds = ParallelDataset(tmp_path / "out", "train", "en", "de")
     assert sp.decode(ds.src_ids(1).tolist()) == "the dog sleeps"
@@ -94,19 +95,69 @@ def test_rerun_does_nothing_and_force_redoes(small, capsys):
     assert (small / "out" / MANIFEST).stat().st_mtime_ns != stamp
 
 
+def test_the_manifest_reads_back_to_the_same_bytes(small):
+    """`Manifest` is the JSON's one description: reading a written manifest and writing it again changes nothing."""
+    prepare_data(_config(small))
+    text = (small / "out" / MANIFEST).read_text(encoding="utf-8")
+    manifest = load_manifest(small / "out")
+    assert manifest.splits["train"].bpe_sample is not None and manifest.splits["valid"].bpe_sample is None
+    assert Manifest.from_dict(json.loads(text)).to_json() == manifest.to_json() == text
+
+
+def test_a_manifest_without_unk_counts_still_reads(small):
+    """Manifests written before <unk> was counted lack src_unk/tgt_unk: they read as 0, and stay up to date."""
+    cfg = _config(small)
+    prepare_data(cfg)
+    raw = json.loads((small / "out" / MANIFEST).read_text())
+    for stats in raw["splits"].values():
+        del stats["src_unk"], stats["tgt_unk"]
+    (small / "out" / MANIFEST).write_text(json.dumps(raw, indent=2) + "\n")
+    assert load_manifest(small / "out").splits["train"].src_unk == 0
+    assert is_prepared(cfg)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda raw: [raw],  # not an object
+        lambda raw: {k: v for k, v in raw.items() if k != "splits"},
+        lambda raw: raw | {"vocab_size": "300"},
+        lambda raw: raw | {"inputs": {path: {"sha256": "0"} for path in raw["inputs"]}},
+    ],
+)
+def test_a_malformed_manifest_is_taken_as_absent(small, damage):
+    cfg = _config(small)
+    prepare_data(cfg)
+    manifest = small / "out" / MANIFEST
+    manifest.write_text(json.dumps(damage(json.loads(manifest.read_text()))))
+    assert load_manifest(small / "out") is None and not is_prepared(cfg)
+    prepare_data(cfg)
+    assert is_prepared(cfg)
+
+
+def test_a_manifest_of_another_format_is_not_up_to_date(small):
+    cfg = _config(small)
+    prepare_data(cfg)
+    manifest = small / "out" / MANIFEST
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"format": 0}))
+    assert load_manifest(small / "out").format == 0 and not is_prepared(cfg)
+    prepare_data(cfg)
+    assert load_manifest(small / "out").format == 1 and is_prepared(cfg)
+
+
 def test_changed_config_or_input_redoes(small):
     prepare_data(_config(small))
     assert not is_prepared(_config(small, "bpe.vocab_size=100"))
     assert is_prepared(_config(small, "data.workers=2"))  # how, not what: same output
     prepare_data(_config(small, "bpe.vocab_size=100"))
-    assert load_manifest(small / "out")["vocab_size"] == 100
+    assert load_manifest(small / "out").vocab_size == 100
     with open(small / "c" / "test.en", "a") as f, open(small / "c" / "test.de", "a") as g:
         f.write("One more line.\n")
         g.write("Noch eine Zeile.\n")
     cfg = _config(small, "bpe.vocab_size=100")
     assert not is_prepared(cfg)
     prepare_data(cfg)
-    assert load_manifest(small / "out")["splits"]["test"]["sentences"] == 31
+    assert load_manifest(small / "out").splits["test"].sentences == 31
 
 
 def test_parallel_workers_give_the_same_arrays(tmp_path):
@@ -121,7 +172,7 @@ def test_synth_generates_the_corpus_when_missing(tmp_path):
     cfg = _config(tmp_path, "data.synth=true", "data.synth_pairs=200")
     prepare_data(cfg)
     assert len((tmp_path / "c" / "train.en").read_text().splitlines()) == 200
-    assert load_manifest(tmp_path / "out")["splits"]["valid"]["sentences"] == 1000
+    assert load_manifest(tmp_path / "out").splits["valid"].sentences == 1000
 
 
 def test_synth_with_foreign_prefix_says_which_key(tmp_path):
@@ -237,4 +288,4 @@ def test_reservoir_smaller_stream_keeps_everything():
 
 def test_no_test_split_when_test_prefix_is_empty(small):
     prepare_data(_config(small, "data.test="))
-    assert set(load_manifest(small / "out")["splits"]) == {"train", "valid"}
+    assert set(load_manifest(small / "out").splits) == {"train", "valid"}

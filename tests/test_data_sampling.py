@@ -74,8 +74,8 @@ def test_the_key_is_off_by_default_and_in_the_paper_configs():
 def test_off_keeps_the_prepared_data_and_batches(prepared_toy):
     """alpha 0 is today's run: the same prepare hash, no text kept, the prepared ids and the same batch key."""
     manifest = load_manifest(prepared_toy.data.dir)
-    assert manifest["config_hash"] == prepare_hash(prepared_toy)
-    assert not set(train_text_files(prepared_toy)) & set(manifest["files"])
+    assert manifest.config_hash == prepare_hash(prepared_toy)
+    assert not set(train_text_files(prepared_toy)) & set(manifest.files)
     epochs = _epochs(_with(prepared_toy, 0.0))
     assert epochs.dataset(1) is epochs.data.train and epochs.dataset(2) is epochs.data.train
     ds, tc = epochs.data.train, prepared_toy.train
@@ -88,7 +88,7 @@ def test_off_keeps_the_prepared_data_and_batches(prepared_toy):
 def test_the_alpha_does_not_make_prepared_data_stale_but_the_missing_text_does(prepared_toy, sampled_toy):
     assert prepare_hash(_with(prepared_toy, ALPHA)) == prepare_hash(prepared_toy)  # the value is read when training
     assert is_prepared(sampled_toy) and all(p.is_file() for p in _text(sampled_toy))
-    assert set(train_text_files(sampled_toy)) <= set(load_manifest(sampled_toy.data.dir)["files"])
+    assert set(train_text_files(sampled_toy)) <= set(load_manifest(sampled_toy.data.dir).files)
     # a data.dir prepared without the text: up to date with alpha 0, not with alpha > 0
     assert is_prepared(prepared_toy) and not is_prepared(_with(prepared_toy, ALPHA))
 

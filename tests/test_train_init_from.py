@@ -155,7 +155,7 @@ def test_fine_tuning_on_another_corpus_with_the_checkpoints_bpe_model(
     train = ParallelDataset(tmp_path / "prepared", "train", "en", "de")
     first = (tmp_path / "new" / "train.en").read_text(encoding="utf-8").splitlines()[0]
     assert len(train) == 300 and load_bpe(spm).decode(train.src_ids(0).tolist()) == first
-    assert load_manifest(tmp_path / "prepared")["vocab_size"] == 300
+    assert load_manifest(tmp_path / "prepared").vocab_size == 300
 
     learned = _on_corpus(prepared_toy, tmp_path / "new", tmp_path / "learned", "")
     with pytest.raises(TrainError, match=r"another BPE vocabulary .*tmt export spm -c .* --set bpe\.model=spm\.model"):

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from transformer_mt import config as config_module
 from transformer_mt.config import Config, ConfigError, apply_override, load_config, validate
 from transformer_mt.data.clean import filter_reason, normalize, read_lines
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.files import atomic_write_text
 
 Preset = Literal["small", "base", "big"]
@@ -88,7 +89,7 @@ class Corpus:
 
 def _side_files(prefix: str, src: str, tgt: str, key: str) -> tuple[Path, Path]:
     """``prefix.src`` and ``prefix.tgt``, both present, or an error that says how files are named."""
-    files = Path(f"{prefix}.{src}"), Path(f"{prefix}.{tgt}")
+    files = raw_file(prefix, src), raw_file(prefix, tgt)
     for path in files:
         if not path.is_file():
             given = Path(prefix)

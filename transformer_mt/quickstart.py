@@ -16,6 +16,7 @@ import typer
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.data.clean import read_lines
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.run_names import AVERAGE_NAME, EVAL_PREFIX
 
 TOY_CONFIG = "tmt:toy.yaml"
@@ -66,8 +67,8 @@ def run_quickstart(workdir: Path, overrides: tuple[str, ...] = ()) -> dict:
 
     d = cfg.decode
     _stage(4, f"translate the test set (beam {d.beam_size}, length penalty {d.len_penalty}) and score it")
-    src_file = Path(f"{cfg.data.test}.{cfg.data.src_lang}")
-    ref_file = Path(f"{cfg.data.test}.{cfg.data.tgt_lang}")
+    src_file = raw_file(cfg.data.test, cfg.data.src_lang)
+    ref_file = raw_file(cfg.data.test, cfg.data.tgt_lang)
     eval_dir = run_dir / f"{EVAL_PREFIX}test"
     scores = evaluate_checkpoint(
         [averaged], testset="toy-test", src=src_file, ref=ref_file, output=eval_dir, device="cpu"

@@ -53,6 +53,7 @@ from transformer_mt.data.download_files import (
     writing_pair,
 )
 from transformer_mt.data.download_statmt import download_statmt
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 
 SOURCES = ("hf", "statmt")
@@ -215,7 +216,7 @@ def _copy_pair(from_dir: Path, prefix: str, out: Path, name: str, langs: tuple[s
     if is_complete(out, name, langs, label):
         return skipped_row(out, name, langs, label)
     with writing_pair(out, name, langs) as files:
-        infos = [_copy_text(from_dir / f"{prefix}.{lang}", f) for lang, f in zip(langs, files, strict=True)]
+        infos = [_copy_text(raw_file(from_dir / prefix, lang), f) for lang, f in zip(langs, files, strict=True)]
         if infos[0]["lines"] != infos[1]["lines"]:
             raise DownloadError(
                 f"--from {from_dir}: {prefix}.{langs[0]} has {infos[0]['lines']:,} lines but {prefix}.{langs[1]} has "
@@ -251,7 +252,7 @@ def _copy_text(src: Path, fout: Output) -> dict[str, Any]:
 
 
 def _has_pair(directory: Path, prefix: str, langs: tuple[str, str]) -> bool:
-    return all((directory / f"{prefix}.{lang}").is_file() for lang in langs)
+    return all(raw_file(directory / prefix, lang).is_file() for lang in langs)
 
 
 def _describe_dir(directory: Path, langs: tuple[str, str]) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_open, atomic_write_text, remove_leftovers
 
@@ -194,7 +195,7 @@ def writing_pair(out: Path, name: str, langs: tuple[str, str]) -> Iterator[list[
     """
     _start_rewrite(out, name, langs)
     with ExitStack() as stack:
-        yield [stack.enter_context(_writing(out / f"{name}.{lang}")) for lang in langs]
+        yield [stack.enter_context(_writing(raw_file(out / name, lang))) for lang in langs]
 
 
 @contextmanager
@@ -236,7 +237,7 @@ def disk_error(path: Path, err: OSError) -> DownloadError:
 
 
 def _marker_path(out: Path, name: str, lang: str) -> Path:
-    return out / MARKER_DIR / f"{name}.{lang}.json"
+    return out / MARKER_DIR / f"{raw_file(name, lang)}.json"
 
 
 def _start_rewrite(out: Path, name: str, langs: tuple[str, str]) -> None:
@@ -250,8 +251,8 @@ def _start_rewrite(out: Path, name: str, langs: tuple[str, str]) -> None:
     for lang in langs:
         _marker_path(out, name, lang).unlink(missing_ok=True)
     for lang in langs:
-        (out / f"{name}.{lang}").unlink(missing_ok=True)
-    remove_leftovers(out, re.compile("|".join(re.escape(f"{name}.{lang}") for lang in langs)))
+        raw_file(out / name, lang).unlink(missing_ok=True)
+    remove_leftovers(out, re.compile("|".join(re.escape(str(raw_file(name, lang))) for lang in langs)))
 
 
 def write_markers(
@@ -265,7 +266,9 @@ def write_markers(
     (out / MARKER_DIR).mkdir(exist_ok=True)
     for lang, info in zip(langs, infos, strict=True):
         marker = _marker_path(out, name, lang)
-        text = json.dumps({"file": f"{name}.{lang}", **info, "dropped_empty": dropped, "source": source}, indent=1)
+        text = json.dumps(
+            {"file": str(raw_file(name, lang)), **info, "dropped_empty": dropped, "source": source}, indent=1
+        )
         try:
             atomic_write_text(marker, text + "\n")
         except OSError as err:
@@ -284,7 +287,7 @@ def is_complete(out: Path, name: str, langs: tuple[str, str], source: str) -> bo
     """Both files exist with the size their markers recorded, written from ``source``."""
     for lang in langs:
         marker = read_marker(out, name, lang)
-        path = out / f"{name}.{lang}"
+        path = raw_file(out / name, lang)
         if marker is None or marker.get("source") != source or not path.is_file():
             return False
         if path.stat().st_size != marker.get("bytes"):

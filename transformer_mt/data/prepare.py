@@ -34,7 +34,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -51,12 +50,20 @@ from transformer_mt.data.bpe import (
     write_vocab,
 )
 from transformer_mt.data.dataset import split_paths
+from transformer_mt.data.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    GivenBpe,
+    InputFile,
+    MalformedManifest,
+    Manifest,
+    SplitStats,
+)
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text
 
-MANIFEST = "manifest.json"
 TRAINING_ONLY = ("model", "sampling_alpha")  # bpe keys outside the hash of a learned model (see _bpe_hash)
-FORMAT_VERSION = 1
 SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
 
 
@@ -79,7 +86,7 @@ def split_files(cfg: Config) -> list[SplitFiles]:
     d = cfg.data
     prefixes = {"train": d.train, "valid": d.valid, "test": d.test}
     return [
-        SplitFiles(name, Path(f"{prefix}.{d.src_lang}"), Path(f"{prefix}.{d.tgt_lang}"), f"data.{name}")
+        SplitFiles(name, raw_file(prefix, d.src_lang), raw_file(prefix, d.tgt_lang), f"data.{name}")
         for name, prefix in prefixes.items()
         if prefix
     ]
@@ -105,12 +112,12 @@ def _bpe_hash(cfg: Config) -> str:
     return config_hash({"model_sha256": model_digest(cfg.bpe.model)})
 
 
-def load_manifest(data_dir: str | Path) -> dict[str, Any] | None:
-    """The manifest of a complete prepare in ``data_dir``, or None."""
+def load_manifest(data_dir: str | Path) -> Manifest | None:
+    """The manifest of a complete prepare in ``data_dir``, or None (also for one that is not of `Manifest`'s layout)."""
     path = Path(data_dir) / MANIFEST
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (FileNotFoundError, json.JSONDecodeError, MalformedManifest):
         return None
 
 
@@ -158,32 +165,34 @@ def prepare_data(cfg: Config, force: bool = False) -> Path:
     if not force and old is not None and _up_to_date(old, cfg, fingerprints):
         _say(f"{out} is up to date (inputs and data/bpe config unchanged); nothing to do. --force redoes it.")
         return out
-    if old is not None and cfg.bpe.sampling_alpha > 0 and not set(train_text_files(cfg)) <= set(old.get("files", [])):
+    if old is not None and cfg.bpe.sampling_alpha > 0 and not set(train_text_files(cfg)) <= set(old.files):
         _say(f"{out} holds no training text, which bpe.sampling_alpha re-encodes every epoch: preparing again")
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     _remove_stale_work_dirs(out)
     with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as tmp:
         manifest = _prepare_in(Path(tmp), cfg, splits, fingerprints)
-        for name in manifest["files"]:
+        for name in manifest.files:
             os.replace(Path(tmp) / name, out / name)
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out / MANIFEST, manifest.to_json())
     _say(_summary(out, manifest))
     return out
 
 
-def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints: dict) -> dict[str, Any]:
+def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints: dict[str, InputFile]) -> Manifest:
     """Every step into the work directory; returns the manifest (not yet written)."""
     workers = cfg.data.workers or os.cpu_count() or 1
     seconds, start = {}, time.perf_counter()
-    stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)]["lines"]) for s in splits}
+    stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)].lines) for s in splits}
     seconds["clean"] = time.perf_counter() - start
-    vocab_size = _copy_bpe(work, cfg) if cfg.bpe.model else _learn_bpe(work, cfg, stats["train"]["bpe_sample"], workers)
+    vocab_size = _copy_bpe(work, cfg) if cfg.bpe.model else _learn_bpe(work, cfg, stats["train"].bpe_sample, workers)
     seconds["bpe"] = time.perf_counter() - start - seconds["clean"]
     dtype = np.uint16 if vocab_size < 65536 else np.int32
     files = [MODEL_NAME, VOCAB_NAME]
     for s in splits:
-        files += _binarize_split(work, cfg, s, stats[s.name], dtype, workers)
+        names, counts = _binarize_split(work, cfg, s, stats[s.name].sentences, dtype, workers)
+        stats[s.name] = dataclasses.replace(stats[s.name], **dataclasses.asdict(counts))
+        files += names
     if cfg.bpe.sampling_alpha > 0:  # re-encoded every epoch (data/sampling.py): keep the cleaned training text
         for side in ("src", "tgt"):  # through other names: a language may be called src or tgt
             os.replace(work / f"train.{side}.txt", work / f"kept.{side}")
@@ -191,25 +200,26 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
             os.replace(work / f"kept.{side}", work / name)
         files += train_text_files(cfg)
     seconds["encode"] = time.perf_counter() - start - seconds["clean"] - seconds["bpe"]
-    return _given_bpe(cfg) | {
-        "format": FORMAT_VERSION,
-        "src_lang": cfg.data.src_lang,
-        "tgt_lang": cfg.data.tgt_lang,
-        "vocab_size": vocab_size,
-        "ids_dtype": np.dtype(dtype).name,
-        "config_hash": prepare_hash(cfg),
-        "config": {"data": dataclasses.asdict(cfg.data), "bpe": dataclasses.asdict(cfg.bpe)},
-        "inputs": fingerprints,
-        "splits": stats,
-        "files": files,
-        "seconds": {step: round(t, 3) for step, t in seconds.items()},
-        "workers": workers,
-    }
+    return Manifest(
+        format=FORMAT_VERSION,
+        src_lang=cfg.data.src_lang,
+        tgt_lang=cfg.data.tgt_lang,
+        vocab_size=vocab_size,
+        ids_dtype=np.dtype(dtype).name,
+        config_hash=prepare_hash(cfg),
+        config={"data": dataclasses.asdict(cfg.data), "bpe": dataclasses.asdict(cfg.bpe)},
+        inputs=fingerprints,
+        splits=stats,
+        files=files,
+        seconds={step: round(t, 3) for step, t in seconds.items()},
+        workers=workers,
+        bpe_model=_given_bpe(cfg),
+    )
 
 
-def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> dict[str, Any]:
+def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> SplitStats:
     stats = _clean_split(s, cfg, work, lines)
-    if stats["sentences"] == 0:
+    if stats.sentences == 0:
         raise PrepareError(_empty_message(s, stats))
     return stats
 
@@ -235,14 +245,17 @@ def _copy_bpe(work: Path, cfg: Config) -> int:
     return sp.get_piece_size()
 
 
-def _given_bpe(cfg: Config) -> dict[str, Any]:
-    """The manifest's record of ``bpe.model``: where the model came from and its digest; {} when learned."""
+def _given_bpe(cfg: Config) -> GivenBpe | None:
+    """The manifest's record of ``bpe.model``: where the model came from and its digest; None when learned."""
     if not cfg.bpe.model:
-        return {}
-    return {"bpe_model": {"path": cfg.bpe.model, "sha256": model_digest(cfg.bpe.model)}}
+        return None
+    return GivenBpe(cfg.bpe.model, model_digest(cfg.bpe.model))
 
 
-def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: type, workers: int) -> list[str]:
+def _binarize_split(
+    work: Path, cfg: Config, s: SplitFiles, pairs: int, dtype: type, workers: int
+) -> tuple[list[str], binarize.TokenCounts]:
+    """Encode one split's cleaned text into ids + offsets arrays; returns their names and the tokens counted."""
     d = cfg.data
     writers = [binarize.SideWriter(*split_paths(work, s.name, lang), dtype) for lang in (d.src_lang, d.tgt_lang)]
     try:
@@ -251,14 +264,13 @@ def _binarize_split(work: Path, cfg: Config, s: SplitFiles, stats: dict, dtype: 
             work / f"{s.name}.src.txt",
             work / f"{s.name}.tgt.txt",
             *writers,
-            pairs=stats["sentences"],
+            pairs=pairs,
             workers=workers,
         )
     finally:
         for w in writers:
             w.close()
-    stats.update(dataclasses.asdict(counts))
-    return [p.name for lang in (d.src_lang, d.tgt_lang) for p in split_paths(work, s.name, lang)]
+    return [p.name for lang in (d.src_lang, d.tgt_lang) for p in split_paths(work, s.name, lang)], counts
 
 
 # ---------------------------------------------------------------- inputs
@@ -312,25 +324,27 @@ def _missing_hint(cfg: Config, path: Path) -> str:
     return ""
 
 
-def _fingerprints(splits: list[SplitFiles], old: dict | None, quiet: bool = False) -> dict[str, dict]:
+def _fingerprints(splits: list[SplitFiles], old: Manifest | None, quiet: bool = False) -> dict[str, InputFile]:
     """sha256, line count, size and mtime of each input file.
 
     A file whose size and mtime match the old manifest keeps its recorded
     hash, so checking an unchanged WMT-size corpus costs no reading.
     """
-    known = (old or {}).get("inputs", {})
+    known = old.inputs if old is not None else {}
     result = {}
     for path in sorted({p for s in splits for p in (s.src, s.tgt)}):
         st = path.stat()
         prev = known.get(str(path))
-        if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+        if prev is not None and prev.size == st.st_size and prev.mtime_ns == st.st_mtime_ns:
             result[str(path)] = prev
         else:
-            result[str(path)] = _hash_file(path, st.st_size, quiet) | {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            sha256, lines = _hash_file(path, st.st_size, quiet)
+            result[str(path)] = InputFile(sha256, lines, st.st_size, st.st_mtime_ns)
     return result
 
 
-def _hash_file(path: Path, size: int, quiet: bool) -> dict[str, Any]:
+def _hash_file(path: Path, size: int, quiet: bool) -> tuple[str, int]:
+    """The sha256 and line count of ``path`` (a last line without a line break counts)."""
     digest, lines, last = hashlib.sha256(), 0, b"\n"
     with (
         open(path, "rb") as f,
@@ -343,12 +357,12 @@ def _hash_file(path: Path, size: int, quiet: bool) -> dict[str, Any]:
             lines += block.count(b"\n")
             last = block[-1:]
             bar.update(len(block))
-    return {"sha256": digest.hexdigest(), "lines": lines + (last != b"\n")}
+    return digest.hexdigest(), lines + (last != b"\n")
 
 
-def _check_line_counts(splits: list[SplitFiles], fingerprints: dict[str, dict]) -> None:
+def _check_line_counts(splits: list[SplitFiles], fingerprints: dict[str, InputFile]) -> None:
     for s in splits:
-        n_src, n_tgt = fingerprints[str(s.src)]["lines"], fingerprints[str(s.tgt)]["lines"]
+        n_src, n_tgt = fingerprints[str(s.src)].lines, fingerprints[str(s.tgt)].lines
         if n_src != n_tgt:
             raise PrepareError(
                 f"{s.key}: {s.src} has {n_src} lines but {s.tgt} has {n_tgt}; line N of one must be the "
@@ -362,22 +376,20 @@ def train_text_files(cfg: Config) -> list[str]:
     return [f"train.{cfg.data.src_lang}.txt", f"train.{cfg.data.tgt_lang}.txt"]
 
 
-def _up_to_date(manifest: dict, cfg: Config, fingerprints: dict) -> bool:
-    kept = manifest.get("files", [])
+def _up_to_date(manifest: Manifest, cfg: Config, fingerprints: dict[str, InputFile]) -> bool:
     return (
-        manifest.get("format") == FORMAT_VERSION
-        and (cfg.bpe.sampling_alpha <= 0 or all(name in kept for name in train_text_files(cfg)))
-        and manifest.get("config_hash") == prepare_hash(cfg)
-        and {k: v["sha256"] for k, v in manifest.get("inputs", {}).items()}
-        == {k: v["sha256"] for k, v in fingerprints.items()}
-        and all((Path(cfg.data.dir) / name).is_file() for name in manifest.get("files", []))
+        manifest.format == FORMAT_VERSION
+        and (cfg.bpe.sampling_alpha <= 0 or all(name in manifest.files for name in train_text_files(cfg)))
+        and manifest.config_hash == prepare_hash(cfg)
+        and {k: v.sha256 for k, v in manifest.inputs.items()} == {k: v.sha256 for k, v in fingerprints.items()}
+        and all((Path(cfg.data.dir) / name).is_file() for name in manifest.files)
     )
 
 
 # ---------------------------------------------------------------- cleaning
 
 
-def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> dict[str, Any]:
+def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> SplitStats:
     """Normalize and filter one split into ``work/{split}.{src,tgt}.txt``; sample BPE input from train.
 
     Returns the counts: pairs read, kept (``sentences``) and dropped per reason.
@@ -407,10 +419,8 @@ def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> dict[str
                 reservoir.add(src)
                 reservoir.add(tgt)
         bar.update(read % 4096)
-    stats = {"read": read, "sentences": kept, "dropped": dict(dropped)}
-    if reservoir is not None:
-        stats["bpe_sample"] = reservoir.write(work / "bpe_sample.txt")
-    return stats
+    sample = reservoir.write(work / "bpe_sample.txt") if reservoir is not None else None
+    return SplitStats(read=read, sentences=kept, dropped=dict(dropped), bpe_sample=sample)
 
 
 def _clean_pair(
@@ -461,13 +471,13 @@ class Reservoir:
         return len(self.items)
 
 
-def _empty_message(s: SplitFiles, stats: dict) -> str:
-    reasons = ", ".join(f"{reason}: {n}" for reason, n in stats["dropped"].items()) or "no lines"
+def _empty_message(s: SplitFiles, stats: SplitStats) -> str:
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in stats.dropped.items()) or "no lines"
     if s.name == "train":
         fix = "relax data.max_len and/or data.max_ratio (e.g. --set data.max_ratio=3), or check the files"
     else:
         fix = f"every pair in {s.src} / {s.tgt} has an empty side; check {s.key}"
-    return f"{s.key}: no sentence pairs left after cleaning {stats['read']} read ({reasons}); {fix}"
+    return f"{s.key}: no sentence pairs left after cleaning {stats.read} read ({reasons}); {fix}"
 
 
 # ---------------------------------------------------------------- output
@@ -480,22 +490,22 @@ def _remove_stale_work_dirs(out: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _summary(out: Path, manifest: dict) -> str:
-    given = f" (bpe.model {manifest['bpe_model']['path']})" if "bpe_model" in manifest else ""
-    lines = [f"prepared {out}: joint BPE vocabulary of {manifest['vocab_size']} pieces{given}"]
-    for name, st in manifest["splits"].items():
-        dropped = ", ".join(f"{r}: {n}" for r, n in st["dropped"].items()) or "none"
+def _summary(out: Path, manifest: Manifest) -> str:
+    given = f" (bpe.model {manifest.bpe_model.path})" if manifest.bpe_model is not None else ""
+    lines = [f"prepared {out}: joint BPE vocabulary of {manifest.vocab_size} pieces{given}"]
+    for name, st in manifest.splits.items():
+        dropped = ", ".join(f"{r}: {n}" for r, n in st.dropped.items()) or "none"
         lines.append(
-            f"  {name:5s} {st['sentences']:>10,} pairs of {st['read']:,} read "
-            f"({st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens{unk_note(st)}); "
+            f"  {name:5s} {st.sentences:>10,} pairs of {st.read:,} read "
+            f"({st.src_tokens:,} source / {st.tgt_tokens:,} target BPE tokens{unk_note(st)}); "
             f"dropped: {dropped}"
         )
     return "\n".join(lines)
 
 
-def unk_note(split_stats: dict) -> str:
+def unk_note(split_stats: SplitStats) -> str:
     """``, of them 3 / 0 <unk>`` when a split has tokens the BPE model cannot spell, else "" (and in older manifests)."""
-    src, tgt = split_stats.get("src_unk", 0), split_stats.get("tgt_unk", 0)
+    src, tgt = split_stats.src_unk, split_stats.tgt_unk
     return f", of them {src:,} / {tgt:,} <unk>: characters the BPE model never saw" if src or tgt else ""
 
 

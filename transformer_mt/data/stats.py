@@ -40,13 +40,13 @@ def format_stats(cfg: Config) -> str:
     if manifest is None:
         raise PrepareError(f"{cfg.data.dir} holds no complete prepared data; run `tmt prepare CONFIG` first")
     d = cfg.data
-    lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest['vocab_size']}, ids stored as {manifest['ids_dtype']}"]
-    for split, st in manifest["splits"].items():
+    lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest.vocab_size}, ids stored as {manifest.ids_dtype}"]
+    for split, st in manifest.splits.items():
         ds = ParallelDataset(d.dir, split, d.src_lang, d.tgt_lang)
-        dropped = ", ".join(f"{r} {n}" for r, n in st["dropped"].items()) or "none"
+        dropped = ", ".join(f"{r} {n}" for r, n in st.dropped.items()) or "none"
         lines.append(
-            f"  {split}: {len(ds):,} pairs ({st['read']:,} read, dropped: {dropped}); "
-            f"{st['src_tokens']:,} source / {st['tgt_tokens']:,} target BPE tokens{unk_note(st)}"
+            f"  {split}: {len(ds):,} pairs ({st.read:,} read, dropped: {dropped}); "
+            f"{st.src_tokens:,} source / {st.tgt_tokens:,} target BPE tokens{unk_note(st)}"
         )
         lines.append(_length_line("source", ds.src_lens))
         lines.append(_length_line("target", ds.tgt_lens))

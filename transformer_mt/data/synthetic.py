@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.files import atomic_path, atomic_write_text
 
 CASES = ("nom", "acc", "dat")
@@ -298,14 +299,14 @@ def write_corpus(
 
 def _write_split(out: Path, split: str, src_lang: str, tgt_lang: str, pairs: list[tuple[str, str]]) -> None:
     for side, lang in enumerate((src_lang, tgt_lang)):
-        atomic_write_text(out / f"{split}.{lang}", "".join(p[side] + "\n" for p in pairs))
+        atomic_write_text(raw_file(out / split, lang), "".join(p[side] + "\n" for p in pairs))
 
 
 def _write_train(out: Path, src_lang: str, tgt_lang: str, n: int, rng: random.Random, held_out: set[str]) -> int:
     """Stream ``n`` training pairs into both files; neither is renamed into place unless both are complete."""
     with (
-        atomic_path(out / f"train.{src_lang}") as tmp_src,
-        atomic_path(out / f"train.{tgt_lang}") as tmp_tgt,
+        atomic_path(raw_file(out / "train", src_lang)) as tmp_src,
+        atomic_path(raw_file(out / "train", tgt_lang)) as tmp_tgt,
         open(tmp_src, "w", encoding="utf-8", newline="\n") as fs,
         open(tmp_tgt, "w", encoding="utf-8", newline="\n") as ft,
     ):
