@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import DataConfig, DecodeConfig
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.files import atomic_write_lines, check_output_parent
 from transformer_mt.metrics import EvaluateError, format_scores, read_lines, score_files, write_scores
@@ -36,7 +37,7 @@ def config_split(name: str, data: DataConfig, checkpoint: Path) -> tuple[Path, P
             f"{checkpoint}: its config has no {name} split (data.{name} is empty); name a test set "
             f"({', '.join(TESTSETS)}) or pass --src and --ref"
         )
-    files = Path(f"{prefix}.{data.src_lang}"), Path(f"{prefix}.{data.tgt_lang}")
+    files = raw_file(prefix, data.src_lang), raw_file(prefix, data.tgt_lang)
     for path in files:
         if not path.is_file():
             raise EvaluateError(

@@ -23,6 +23,7 @@ from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_b
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
+from transformer_mt.data.raw_files import raw_file
 from transformer_mt.decode.translate import Translator, empty_outputs
 from transformer_mt.errors import out_of_memory
 from transformer_mt.metrics import corpus_sacrebleu
@@ -156,7 +157,7 @@ class ValidBleu:
         d, tc = self.cfg.data, self.cfg.train
         limit = None if tc.valid_bleu_sentences < 0 else tc.valid_bleu_sentences
         bpe = load_bpe(self.data_dir / "spm.model")
-        src, ref = Path(f"{d.valid}.{d.src_lang}"), Path(f"{d.valid}.{d.tgt_lang}")
+        src, ref = raw_file(d.valid, d.src_lang), raw_file(d.valid, d.tgt_lang)
         try:
             sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
         except OSError as err:
