@@ -1,5 +1,6 @@
 """Checkpoint files: the typed contents and their checks, round trip, atomic writes, corrupt and crafted files."""
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -8,9 +9,11 @@ import pytest
 import torch
 
 from transformer_mt.checkpoint import (
+    Batching,
     Checkpoint,
     CheckpointError,
     Progress,
+    RngState,
     TrainingState,
     checkpoint_problem,
     from_state,
@@ -20,6 +23,7 @@ from transformer_mt.checkpoint import (
     to_state,
     write_checkpoint,
 )
+from transformer_mt.config import Config, config_from_dict
 
 
 def _state(update: int) -> dict:
@@ -62,29 +66,46 @@ def test_an_older_checkpoint_reads_with_defaults_for_the_entries_added_since(tmp
     path = tmp_path / "old.pt"
     save_checkpoint(path, _state(1200))
     ck = read_checkpoint(path)
-    assert ck.spm_model == b"\x00spm\xff" and ck.config == _state(1)["config"]
+    assert ck.spm_model == b"\x00spm\xff" and ck.config == config_from_dict(_state(1)["config"])
     assert (ck.progress.update, ck.progress.epoch, ck.progress.batch_in_epoch) == (1200, 2, 17)
     assert ck.progress.minutes == 0.0 and ck.progress.valid_history == [] and ck.progress.stale_validations == 0
     assert ck.progress.best_valid_bleu == -math.inf and ck.progress.valid_loss is None
-    assert ck.training is not None and ck.training.batching is None and ck.training.rng["world_size"] == 1
+    assert ck.training is not None and ck.training.batching is None and ck.training.rng.world_size == 1
+    assert ck.training.rng.torch_cuda is None
 
 
 def test_typed_round_trip(tmp_path):
     progress = Progress(update=7, epoch=3, batch_in_epoch=2, valid_loss=4.5, minutes=1.5, valid_history=[[5, 4.0]])
     training = TrainingState(
         optimizer={"state": {}, "param_groups": []},
-        rng={"world_size": 2, "torch_cpu": []},
-        batching={"max_tokens": 9, "seed": 1, "max_len": 8, "sentences": 5, "lengths": "ab", "batches": 3},
+        rng=RngState(world_size=2, torch_cpu=[]),
+        batching=Batching(max_tokens=9, seed=1, max_len=8, sentences=5, lengths="ab", batches=3),
     )
-    ck = Checkpoint({"w": torch.ones(2)}, {"train": {}}, b"spm", progress, training)
+    ck = Checkpoint({"w": torch.ones(2)}, Config(), b"spm", progress, training)
     write_checkpoint(tmp_path / "a.pt", ck)
     back = read_checkpoint(tmp_path / "a.pt")
     assert back.progress == progress and back.training == training and back.spm_model == b"spm"
     assert torch.equal(back.model["w"], ck.model["w"]) and back.averaged_from == []
+    assert back.config == Config()
+
+
+def test_the_typed_entries_are_stored_as_before(tmp_path):
+    """`Config`, `RngState` and `Batching` are dicts on disk, of the keys an older `tmt train` wrote."""
+    cpu, cuda = [torch.get_rng_state()], [torch.zeros(16, dtype=torch.uint8)]
+    key = {"max_tokens": 9, "seed": 1, "max_len": 8, "sentences": 5, "lengths": "ab", "batches": 3}
+    training = TrainingState({"state": {}, "param_groups": []}, RngState(1, cpu), batching=Batching(**key))
+    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=1), training))
+    assert state["config"] == Config().to_dict() and state["batching"] == key
+    assert state["rng"].keys() == {"world_size", "torch_cpu"} and state["scaler"] == {}
+    sampled = dataclasses.replace(training, rng=RngState(1, cpu, cuda), batching=Batching(**key, sampling_alpha=0.5))
+    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=1), sampled))
+    assert state["batching"] == {**key, "sampling_alpha": 0.5} and state["rng"]["torch_cuda"] is cuda
+    save_checkpoint(tmp_path / "a.pt", state)
+    assert read_checkpoint(tmp_path / "a.pt").training.batching == Batching(**key, sampling_alpha=0.5)
 
 
 def test_without_training_state_only_the_update_is_stored(tmp_path):
-    ck = Checkpoint({"w": torch.ones(2)}, {}, b"spm", Progress(update=9, epoch=4), averaged_from=["a.pt"])
+    ck = Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=9, epoch=4), averaged_from=["a.pt"])
     assert set(to_state(ck)) == {"model", "config", "spm_model", "update", "averaged_from"}
     write_checkpoint(tmp_path / "avg.pt", ck)
     back = read_checkpoint(tmp_path / "avg.pt")
@@ -105,6 +126,10 @@ def test_without_training_state_only_the_update_is_stored(tmp_path):
         (lambda s: s.update(update=True), "'update' entry is a bool, not int"),
         (lambda s: s.update(valid_history=[[1]]), "'valid_history' entry is not a list of"),
         (lambda s: s.update(rng={}), "'rng' entry lacks 'world_size'"),
+        (lambda s: s["rng"].update(torch_cuda="x"), "'rng' entry's 'torch_cuda' is not a list of generator states"),
+        (lambda s: s.update(batching={"seed": 1}), "'batching' entry's 'max_tokens' is missing or mistyped"),
+        (lambda s: s.update(config={"model": {"heads": 0}}), "'config' entry is not a valid config: model.heads"),
+        (lambda s: s.update(config={"modle": {}}), "'config' entry is not a valid config: unknown section 'modle'"),
         (lambda s: s.update(optimizer={"state": []}), "'optimizer' entry is not an optimizer's state dict"),
     ],
 )

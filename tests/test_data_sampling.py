@@ -82,7 +82,7 @@ def test_off_keeps_the_prepared_data_and_batches(prepared_toy):
     expected = epoch_batches(ds.src_lens, ds.tgt_lens, tc.max_tokens, tc.seed, 2, 0, 1, epochs.data.max_len)
     assert all(np.array_equal(a, b) for a, b in zip(epochs.batches(2), expected, strict=True))
     lens = np.array([3, 4, 5])
-    assert "sampling_alpha" not in batching_key(lens, lens, 512, 1, 256, 0.0)
+    assert "sampling_alpha" not in batching_key(lens, lens, 512, 1, 256, 0.0).to_dict()
 
 
 def test_the_alpha_does_not_make_prepared_data_stale_but_the_missing_text_does(prepared_toy, sampled_toy):

@@ -25,7 +25,7 @@ def test_load_model_is_the_trained_fp32_model(toy_ckpt: Path) -> None:
     for name, value in loaded.model.state_dict().items():
         assert torch.equal(value, stored.model[name]), name
     assert loaded.spm_model == stored.spm_model and loaded.bpe.get_piece_size() == loaded.model.vocab_size
-    assert loaded.config.to_dict()["model"] == stored.config["model"]
+    assert loaded.config.model == stored.config.model
 
 
 @pytest.mark.skipif(not onednn_available(), reason="oneDNN Linear layers need an x86-64 CPU build of torch")

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint, to_state
 from transformer_mt.cli import app
-from transformer_mt.config import Config, save_config
+from transformer_mt.config import Config, config_from_dict, save_config
 from transformer_mt.errors import UserError
 from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
@@ -50,7 +50,7 @@ def test_mean_of_parameters(tmp_path):
         assert torch.equal(avg["model"][key], expected)
     assert torch.equal(avg["model"]["steps"], models[0]["steps"])
     # metadata of the newest input (highest update), whatever the order given
-    assert avg["update"] == 30 and avg["config"] == {"train": {"seed": 30}}
+    assert avg["update"] == 30 and avg["config"] == config_from_dict({"train": {"seed": 30}}).to_dict()
     assert bytes(avg["spm_model"].tolist()) == b"spm"
     assert "optimizer" not in avg and "epoch" not in avg and avg["averaged_from"] == [str(p) for p in paths]
 

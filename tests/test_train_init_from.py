@@ -150,7 +150,7 @@ def test_fine_tuning_on_another_corpus_with_the_checkpoints_bpe_model(
     assert f"fine-tuning: weights from {parent} (update 4 of its run)" in capsys.readouterr().err
     tuned = read_checkpoint(tmp_path / "tuned" / checkpoint_name(2))
     assert tuned.spm_model == parent_spm == (tmp_path / "prepared" / "spm.model").read_bytes()
-    assert tuned.config["bpe"]["model"] == str(spm) and tuned.config["data"]["train"] == str(tmp_path / "new/train")
+    assert tuned.config.bpe.model == str(spm) and tuned.config.data.train == str(tmp_path / "new/train")
     # the new corpus, in the parent's vocabulary of 300 pieces, is what was trained on
     train = ParallelDataset(tmp_path / "prepared", "train", "en", "de")
     first = (tmp_path / "new" / "train.en").read_text(encoding="utf-8").splitlines()[0]

@@ -8,6 +8,9 @@ file. `from_state` checks every entry it reads, so a damaged or crafted file
 is refused with its name and the entry at fault rather than a traceback.
 Entries added over time (``minutes``, ``batching``, validation BLEU and the
 patience count) are optional with defaults, so older checkpoints still load.
+The ``config``, ``rng`` and ``batching`` entries are dicts on disk and typed
+in memory (`Config`, `RngState`, `Batching`): they are converted here only,
+in `to_state` and `from_state`.
 A run keeps the `TrainingState` only in its newest checkpoint and its best
 (`strip_training_state`): it triples a file's size, and only resuming needs it.
 
@@ -33,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from transformer_mt.config import Config, ConfigError, config_from_dict
 from transformer_mt.errors import UserError, shown
 from transformer_mt.files import atomic_open
 from transformer_mt.run_names import AVERAGE_NAME, BEST_NAME, CHECKPOINT_RE, CONFIG_NAME
@@ -60,13 +64,48 @@ class Progress:
 
 
 @dataclass
+class RngState:
+    """Every rank's torch generator states at a save (`train.run_files.rng_state`), and how many ranks wrote them."""
+
+    world_size: int
+    torch_cpu: list[torch.Tensor]  # one CPU generator state per rank
+    torch_cuda: list[torch.Tensor] | None = None  # one CUDA generator state per rank; None when trained on CPU
+
+    def to_dict(self) -> dict[str, Any]:
+        """The 'rng' entry on disk (no ``torch_cuda`` key without CUDA)."""
+        entry: dict[str, Any] = {"world_size": self.world_size, "torch_cpu": self.torch_cpu}
+        return entry if self.torch_cuda is None else {**entry, "torch_cuda": self.torch_cuda}
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What decides an epoch's batch order besides the epoch and the world size (`train.run_files.batching_key`),
+    with the number of batches per rank of the epoch a checkpoint was saved in."""
+
+    max_tokens: int  # train.max_tokens
+    seed: int  # train.seed
+    max_len: int  # the longest sentence trained on
+    sentences: int  # the training data's sentence pairs
+    lengths: str  # a digest of their lengths in tokens
+    batches: int = 0  # the saved epoch's batches per rank; 0 in a run's own key, which no epoch is part of
+    sampling_alpha: float = 0.0  # bpe.sampling_alpha; stored only when > 0 (older checkpoints have none)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The 'batching' entry on disk."""
+        entry = dataclasses.asdict(self)
+        if not self.sampling_alpha > 0:
+            del entry["sampling_alpha"]
+        return entry
+
+
+@dataclass
 class TrainingState:
     """What only resuming needs besides `Progress`; an averaged checkpoint has none."""
 
     optimizer: dict[str, Any]  # the optimizer's state_dict
-    rng: dict[str, Any]  # every rank's generator states and the world size (`train.run_files.rng_state`)
+    rng: RngState
     scaler: dict[str, Any] = field(default_factory=dict)  # the fp16 loss scaler's state; {} when unused
-    batching: dict[str, Any] | None = None  # what decided the epoch's batch order; None in older checkpoints
+    batching: Batching | None = None  # None in checkpoints written before it was kept
 
 
 @dataclass
@@ -74,7 +113,7 @@ class Checkpoint:
     """A model with what it takes to translate (config, BPE model) and, from training, to resume."""
 
     model: dict[str, torch.Tensor]  # the model's state_dict
-    config: dict[str, Any]  # `Config.to_dict()` of the run
+    config: Config  # the run's config; on disk `Config.to_dict()`
     spm_model: bytes  # the sentencepiece model file: translation needs no data directory
     progress: Progress = field(default_factory=Progress)  # only ``update`` without ``training``
     training: TrainingState | None = None
@@ -87,11 +126,14 @@ class Checkpoint:
 def to_state(ck: Checkpoint) -> dict[str, Any]:
     """The dict stored on disk: tensors and plain values only; a checkpoint without training state stores less."""
     spm = torch.from_numpy(np.frombuffer(ck.spm_model, dtype=np.uint8).copy())
-    state: dict[str, Any] = {"model": ck.model, "config": ck.config, "spm_model": spm, "update": ck.progress.update}
+    config = ck.config.to_dict()
+    state: dict[str, Any] = {"model": ck.model, "config": config, "spm_model": spm, "update": ck.progress.update}
     if not ck.averaged_from:  # an average has no place in a run; a stripped checkpoint keeps its minutes and figures
         state.update({f.name: getattr(ck.progress, f.name) for f in dataclasses.fields(Progress)})
     if ck.training is not None:  # shallow: `dataclasses.asdict` would deep-copy the optimizer's tensors
-        state.update({f.name: getattr(ck.training, f.name) for f in dataclasses.fields(TrainingState)})
+        t = ck.training
+        state.update(optimizer=t.optimizer, rng=t.rng.to_dict(), scaler=t.scaler)
+        state["batching"] = None if t.batching is None else t.batching.to_dict()
     if ck.averaged_from:
         state["averaged_from"] = list(ck.averaged_from)
     return state
@@ -110,7 +152,7 @@ def from_state(state: Any, path: str | Path) -> Checkpoint:
     training = _training(state, path) if "optimizer" in state else None
     return Checkpoint(
         model=model,
-        config=_entry(state, "config", dict, path),
+        config=_config(state, path),
         spm_model=spm.numpy().tobytes(),
         progress=_progress(state, path, resumable=training is not None),
         training=training,
@@ -180,25 +222,55 @@ def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Progr
     return Progress(**values)
 
 
+def _config(state: dict[str, Any], path: str | Path) -> Config:
+    """The run's config, parsed and validated as `tmt train` would a YAML file; a bad one names the file and entry."""
+    raw = _entry(state, "config", dict, path)
+    try:
+        return config_from_dict(raw, origin=str(path))
+    except ConfigError as err:
+        why = str(err).removeprefix(f"{path}: ")
+        raise CheckpointError(
+            f"{path}: the checkpoint's 'config' entry is not a valid config: {why}; {_NOT_TMT}"
+        ) from None
+
+
 def _training(state: dict[str, Any], path: str | Path) -> TrainingState:
     optimizer = _entry(state, "optimizer", dict, path)
     if not isinstance(optimizer.get("state"), dict) or not isinstance(optimizer.get("param_groups"), list):
         raise CheckpointError(f"{path}: the 'optimizer' entry is not an optimizer's state dict; {_NOT_TMT}")
-    rng = _entry(state, "rng", dict, path)
-    world, generators = rng.get("world_size"), rng.get("torch_cpu")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not isinstance(generators, list):
-        raise CheckpointError(f"{path}: the 'rng' entry lacks 'world_size' or 'torch_cpu'; {_NOT_TMT}")
-    if not all(isinstance(g, torch.Tensor) and g.dtype == torch.uint8 for g in generators):
-        raise CheckpointError(f"{path}: the 'rng' entry's 'torch_cpu' is not a list of generator states; {_NOT_TMT}")
+    rng = _rng(_entry(state, "rng", dict, path), path)
     batching = _entry(state, "batching", (dict, type(None)), path, default=None)
-    if batching is not None and not all(isinstance(batching.get(k), t) for k, t in _BATCHING_TYPES.items()):
-        missing = next(k for k, t in _BATCHING_TYPES.items() if not isinstance(batching.get(k), t))
-        raise CheckpointError(f"{path}: the 'batching' entry's '{missing}' is missing or mistyped; {_NOT_TMT}")
+    batching = None if batching is None else _batching(batching, path)
     scaler = _entry(state, "scaler", dict, path, default={})
     return TrainingState(optimizer=optimizer, rng=rng, scaler=scaler, batching=batching)
 
 
-_BATCHING_TYPES = {"max_tokens": int, "seed": int, "max_len": int, "sentences": int, "lengths": str, "batches": int}
+def _rng(entry: dict[str, Any], path: str | Path) -> RngState:
+    world, generators, cuda = entry.get("world_size"), entry.get("torch_cpu"), entry.get("torch_cuda")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not isinstance(generators, list):
+        raise CheckpointError(f"{path}: the 'rng' entry lacks 'world_size' or 'torch_cpu'; {_NOT_TMT}")
+    for key, states in (("torch_cpu", generators), ("torch_cuda", cuda if cuda is not None else [])):
+        if not isinstance(states, list) or not all(
+            isinstance(g, torch.Tensor) and g.dtype == torch.uint8 for g in states
+        ):
+            raise CheckpointError(f"{path}: the 'rng' entry's '{key}' is not a list of generator states; {_NOT_TMT}")
+    return RngState(world_size=world, torch_cpu=generators, torch_cuda=cuda)
+
+
+def _batching(entry: dict[str, Any], path: str | Path) -> Batching:
+    values = {}
+    for f in dataclasses.fields(Batching):
+        value = entry.get(f.name, 0.0 if f.name == "sampling_alpha" else None)
+        if isinstance(value, bool) or not isinstance(value, _BATCHING_TYPES[f.name]):
+            raise CheckpointError(f"{path}: the 'batching' entry's '{f.name}' is missing or mistyped; {_NOT_TMT}")
+        values[f.name] = float(value) if f.name == "sampling_alpha" else value
+    return Batching(**values)
+
+
+_BATCHING_TYPES = {
+    "max_tokens": int, "seed": int, "max_len": int, "sentences": int, "lengths": str, "batches": int,
+    "sampling_alpha": _NUMBER,
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------- files
@@ -400,7 +472,7 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
     single = len(paths) == 1  # the mean of one checkpoint is itself: no float64 copy needed
     sums: dict[str, torch.Tensor] = {}
     first: tuple[dict[str, torch.Tensor], bytes] = ({}, b"")  # the first input's model and BPE model
-    newest: tuple[int, dict[str, Any], bytes] = (-1, {}, b"")  # update, config, BPE model
+    newest: tuple[int, Config, bytes] = (-1, Config(), b"")  # update, config, BPE model
     for i, path in enumerate(paths):
         ck = read_checkpoint(path)
         if i == 0:

@@ -24,7 +24,7 @@ import sentencepiece as spm
 import torch
 
 from transformer_mt.checkpoint import Checkpoint, check_weights, read_average, run_dir_checkpoint
-from transformer_mt.config import Config, ConfigError, apply_override, config_from_dict, parse_override, validate
+from transformer_mt.config import Config, ConfigError, apply_override, parse_override, validate
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK, load_bpe_bytes
 from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import use_onednn_linears
@@ -143,7 +143,7 @@ def load_model(
     paths = _paths(paths)
     device = resolve_device(device)
     ck = read_average(paths)
-    cfg = _checkpoint_config(ck, paths, overrides)
+    cfg = override_config(ck.config, overrides)
     return _loaded(ck, cfg, paths[0], device)
 
 
@@ -168,7 +168,7 @@ def load_ensemble(
                 "log-probabilities token by token, so its models must share one vocabulary: ensemble models "
                 "trained on the same prepared data (data.dir)"
             )
-    configs = [_checkpoint_config(ck, [path], overrides) for path, ck in zip(paths, checkpoints, strict=True)]
+    configs = [override_config(ck.config, overrides) for ck in checkpoints]
     decode, positions = configs[0].decode, min(c.model.max_positions for c in configs)
     configs = [
         dataclasses.replace(c, decode=decode, model=dataclasses.replace(c.model, max_positions=positions))
@@ -199,11 +199,6 @@ def _paths(paths: Sequence[str | Path]) -> list[Path]:
             print(f"{path} is a run directory: decoding with {chosen}", file=sys.stderr)
         files.append(chosen or path)
     return files
-
-
-def _checkpoint_config(ck: Checkpoint, paths: Sequence[Path], overrides: Sequence[str]) -> Config:
-    """The config stored in ``ck`` with ``--set`` ``overrides``; a mistake is a ConfigError naming ``paths``."""
-    return override_config(config_from_dict(ck.config, origin=", ".join(map(str, paths))), overrides)
 
 
 def checkpoint_bpe(ck: Checkpoint, path: Path) -> spm.SentencePieceProcessor:

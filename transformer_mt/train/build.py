@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from transformer_mt.checkpoint import Batching
 from transformer_mt.config import Config
 from transformer_mt.data.batching import too_long
 from transformer_mt.data.bpe import PAD, load_bpe
@@ -44,7 +44,7 @@ class RunData:
     vocab_size: int
     max_len: int  # `max_sentence_len`: longer sentences are left out of training and validation
     too_long: dict[str, int]  # sentences left out, per split ("train", "valid")
-    batching: dict[str, Any]  # `batching_key`: what decides the epoch's batch order besides epoch and world size
+    batching: Batching  # `batching_key`: what decides the epoch's batch order besides epoch and world size
 
 
 def load_run_data(cfg: Config, env: DistEnv) -> RunData:

@@ -46,7 +46,7 @@ def load_init_weights(module: nn.Module, path: Path, model_cfg: ModelConfig, spm
             f"train.init_from: {path} was trained with another BPE vocabulary than {spm_path}, this run's "
             f"(data.dir); the weights hold one row per BPE piece, so fine-tuning needs the checkpoint's own "
             f"sentencepiece model: train on data prepared with it (the checkpoint's data.dir was "
-            f"{_saved(ck, 'data', 'dir')!r}; for another corpus, `tmt export spm -c {path} -o spm.model` and "
+            f"{ck.config.data.dir!r}; for another corpus, `tmt export spm -c {path} -o spm.model` and "
             f"--set bpe.model=spm.model), or set train.init_from=''"
         )
     mismatch = shape_mismatch(ck.model, module.state_dict())
@@ -74,14 +74,9 @@ def shape_mismatch(found: dict[str, Tensor], expected: dict[str, Tensor]) -> str
 
 def _model_differences(ck: Checkpoint, model_cfg: ModelConfig) -> str:
     """The model keys that decide shapes and differ: ``model.d_model 512 there, 256 here; ...``."""
-    saved = ck.config.get("model", {})
+    saved = ck.config.model
     return "; ".join(
-        f"model.{f.name} {saved[f.name]!r} there, {getattr(model_cfg, f.name)!r} here"
+        f"model.{f.name} {getattr(saved, f.name)!r} there, {getattr(model_cfg, f.name)!r} here"
         for f in dataclasses.fields(model_cfg)
-        if f.name in saved and f.name not in FREE_MODEL_KEYS and saved[f.name] != getattr(model_cfg, f.name)
+        if f.name not in FREE_MODEL_KEYS and getattr(saved, f.name) != getattr(model_cfg, f.name)
     )
-
-
-def _saved(ck: Checkpoint, section: str, key: str) -> object:
-    """A key of the config stored in ``ck``, as stored (None when absent)."""
-    return ck.config.get(section, {}).get(key)

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, check_weights
-from transformer_mt.config import Config, config_from_dict, field_differences
+from transformer_mt.config import Config, field_differences
 from transformer_mt.data.batching import resume_position
 from transformer_mt.errors import Interrupted, shown
 from transformer_mt.run_names import BEST_NAME
@@ -47,7 +47,7 @@ def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: E
     path, ck = found
     if ck.training is None:
         raise TrainError(not_resumable(path, ck, save_dir))
-    saved = config_from_dict(ck.config, origin=str(path))
+    saved = ck.config
     if saved.model != cfg.model:
         raise TrainError(
             f"{path} holds a different model than the config: "
@@ -153,10 +153,10 @@ def position_in_epoch(
     of an epoch restarts the epoch (`restart_epoch`); a change of world size
     converts the position exactly where one exists.
     """
-    saved_world_size, batching, batch_in_epoch = saved.rng["world_size"], saved.batching, p.batch_in_epoch
+    saved_world_size, batching, batch_in_epoch = saved.rng.world_size, saved.batching, p.batch_in_epoch
     changes = batching_changes(batching, data.batching) if batching else []  # None: written before it was kept
     if changes and batch_in_epoch > 0:
-        return restart_epoch(env, epochs, path, changes, p, int(batching["batches"]))
+        return restart_epoch(env, epochs, path, changes, p, batching.batches)
     tc, epoch = cfg.train, p.epoch
     ds = epochs.dataset(epoch)  # with bpe.sampling_alpha, the epoch's own encoding
     position = resume_position(

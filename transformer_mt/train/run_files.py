@@ -1,4 +1,5 @@
-"""Rank 0's files in the run directory, and the RNG state and batching a checkpoint carries.
+"""Rank 0's files in the run directory, and the RNG state and batching a checkpoint carries (`RngState`,
+`Batching`, spelled in `transformer_mt.checkpoint`).
 
 ``save_dir`` holds ``config.yaml`` (the resolved config), ``metrics.jsonl``
 (one JSON object per line) and, when the ``tensorboard`` package is installed,
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from transformer_mt.checkpoint import Batching, RngState
 from transformer_mt.config import Config, save_config
 from transformer_mt.files import atomic_write_text
 from transformer_mt.model.transformer import flops_per_token
@@ -43,7 +45,7 @@ def dropout_seed(seed: int, rank: int) -> int:
     return seed * 1_000_003 + 7919 * (rank + 1)
 
 
-def rng_state(env: DistEnv) -> dict[str, Any]:
+def rng_state(env: DistEnv) -> RngState:
     """Every rank's torch RNG states (CPU, and CUDA when used), gathered so that rank 0 can save them.
 
     Batch order needs none: it is a pure function of (seed, epoch) via seeded
@@ -53,22 +55,20 @@ def rng_state(env: DistEnv) -> dict[str, Any]:
     if env.device.type == "cuda":
         local["cuda"] = torch.cuda.get_rng_state(env.device)
     states = all_gather_object(local, env)
-    out: dict[str, Any] = {"world_size": env.world_size, "torch_cpu": [s["cpu"] for s in states]}
-    if env.device.type == "cuda":
-        out["torch_cuda"] = [s["cuda"] for s in states]
-    return out
+    cuda = [s["cuda"] for s in states] if env.device.type == "cuda" else None
+    return RngState(world_size=env.world_size, torch_cpu=[s["cpu"] for s in states], torch_cuda=cuda)
 
 
-def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> None:
+def restore_rng(rng: RngState, env: DistEnv, seed: int, update: int) -> None:
     """Restore this rank's RNG states; with a different world size the trajectory cannot be exact, so reseed."""
-    if rng.get("world_size") == env.world_size:
-        torch.set_rng_state(rng["torch_cpu"][env.rank])
-        if env.device.type == "cuda" and "torch_cuda" in rng:
-            torch.cuda.set_rng_state(rng["torch_cuda"][env.rank], env.device)
+    if rng.world_size == env.world_size:
+        torch.set_rng_state(rng.torch_cpu[env.rank])
+        if env.device.type == "cuda" and rng.torch_cuda is not None:
+            torch.cuda.set_rng_state(rng.torch_cuda[env.rank], env.device)
         return
     if env.is_main:
         tqdm.write(
-            f"warning: the checkpoint was written by {rng.get('world_size')} processes, this run has "
+            f"warning: the checkpoint was written by {rng.world_size} processes, this run has "
             f"{env.world_size}; dropout masks are reseeded, so the trajectory differs from an uninterrupted run",
             file=sys.stderr,
         )
@@ -80,7 +80,7 @@ def restore_rng(rng: dict[str, Any], env: DistEnv, seed: int, update: int) -> No
 
 def batching_key(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, max_len: int, sampling_alpha: float = 0.0
-) -> dict[str, Any]:
+) -> Batching:
     """What decides an epoch's batch order besides the epoch and the world size, as a checkpoint records it.
 
     `epoch_batches` is a pure function of these (the world size is recorded
@@ -89,39 +89,34 @@ def batching_key(
     training data enter as their count and a digest of their lengths (in
     tokens), which is all the batching reads of them. With ``bpe.sampling_alpha``
     > 0 each epoch's lengths are those of its own encoding, drawn from the seed,
-    the epoch and alpha, which is then recorded too (absent when 0, as before it existed).
+    the epoch and alpha, which is then recorded too (absent from the file when 0,
+    as before it existed). ``batches`` stays 0: the trainer sets the saved epoch's.
     """
     digest = hashlib.blake2b(np.ascontiguousarray(src_lens, dtype=np.int64).tobytes(), digest_size=8)
     digest.update(np.ascontiguousarray(tgt_lens, dtype=np.int64).tobytes())
-    key = {
-        "max_tokens": int(max_tokens),
-        "seed": int(seed),
-        "max_len": int(max_len),
-        "sentences": len(src_lens),
-        "lengths": digest.hexdigest(),
-    }
-    return key | ({"sampling_alpha": float(sampling_alpha)} if sampling_alpha > 0 else {})
+    return Batching(
+        max_tokens=int(max_tokens), seed=int(seed), max_len=int(max_len), sentences=len(src_lens),
+        lengths=digest.hexdigest(), sampling_alpha=float(sampling_alpha) if sampling_alpha > 0 else 0.0,
+    )  # fmt: skip
 
 
-def batching_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def batching_changes(saved: Batching, current: Batching) -> list[str]:
     """What differs between a checkpoint's `batching_key` and this run's, as the user would name it; [] if nothing."""
     changes = [
-        f"{name} was {saved[key]}, now {current[key]}"
+        f"{name} was {getattr(saved, key)}, now {getattr(current, key)}"
         for key, name in (
             ("max_tokens", "train.max_tokens"),
             ("seed", "train.seed"),
             ("max_len", "the longest sentence trained on (min of train.max_tokens and model.max_positions)"),
         )
-        if saved.get(key) != current[key]
+        if getattr(saved, key) != getattr(current, key)
     ]
-    if saved.get("sampling_alpha", 0.0) != current.get("sampling_alpha", 0.0):
+    if saved.sampling_alpha != current.sampling_alpha:
+        changes.append(f"bpe.sampling_alpha was {saved.sampling_alpha:g}, now {current.sampling_alpha:g}")
+    if saved.sentences != current.sentences or saved.lengths != current.lengths:
         changes.append(
-            f"bpe.sampling_alpha was {saved.get('sampling_alpha', 0.0):g}, now {current.get('sampling_alpha', 0.0):g}"
-        )
-    if saved.get("sentences") != current["sentences"] or saved.get("lengths") != current["lengths"]:
-        changes.append(
-            f"the training data in data.dir changed ({saved.get('sentences'):,} sentences, now "
-            f"{current['sentences']:,}{'' if saved.get('sentences') != current['sentences'] else ', other lengths'})"
+            f"the training data in data.dir changed ({saved.sentences:,} sentences, now "
+            f"{current.sentences:,}{'' if saved.sentences != current.sentences else ', other lengths'})"
         )
     return changes
 

@@ -203,14 +203,16 @@ class Trainer:
         scaler, p = self.stepper.scaler, self.progress
         return Checkpoint(
             model=self.stepper.module.state_dict(),
-            config=self.cfg.to_dict(),
+            config=self.cfg,
             spm_model=self.data.spm_model,
             progress=dataclasses.replace(p, minutes=self.budget.minutes()),
             training=TrainingState(
                 optimizer=self.stepper.optimizer.state_dict(),
                 rng=rng_state(self.env),  # a collective: every rank calls _save
                 scaler=scaler.state_dict() if scaler.is_enabled() else {},
-                batching={**self.data.batching, "batches": len(self.epochs.batches(p.epoch))},  # see resume.py
+                batching=dataclasses.replace(
+                    self.data.batching, batches=len(self.epochs.batches(p.epoch))
+                ),  # resume.py
             ),
         )
 
