@@ -15,7 +15,13 @@ from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import PAD
 from transformer_mt.decode.search import beam_search
 from transformer_mt.decode.translate import Translator
-from transformer_mt.model.onednn import OneDnnLinear, onednn_available, onednn_bf16, use_onednn_linears
+from transformer_mt.model.onednn import (
+    OneDnnLinear,
+    onednn_available,
+    onednn_bf16,
+    padded_rows,
+    use_onednn_linears,
+)
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = [
@@ -156,3 +162,26 @@ def test_the_trainer_builds_its_cpu_model_with_onednn_linears(prepared_toy: Conf
 
     step = build_stepper(prepared_toy, DistEnv(0, 1, 0, torch.device("cpu"), True), 300)
     assert isinstance(step.module.decoder[0].ffn.fc1, OneDnnLinear) and step.module.output_projection is None
+
+
+def test_padded_rows_are_few_sizes_with_little_waste() -> None:
+    sizes = [padded_rows(rows) for rows in range(4097)]
+    assert sizes[:17] == list(range(17))  # exact where a row count is one of few anyway
+    assert all(rows <= padded <= rows * 1.25 for rows, padded in enumerate(sizes))
+    assert sizes == sorted(sizes) and len(set(sizes[1:])) == 48
+    assert [padded_rows(r) for r in (17, 100, 1000, 1025)] == [20, 112, 1024, 1280]
+
+
+@pytest.mark.parametrize(("d_in", "d_out"), [(64, 48), (256, 1024), (1024, 256), (256, 8000)])
+def test_rounding_the_rows_up_changes_no_output(d_in: int, d_out: int) -> None:
+    """The zero rows that `padded_rows` adds leave every real row's result as oneDNN gives it unrounded, bit for
+    bit: a row's result does not depend on how many rows are multiplied with it."""
+    torch.manual_seed(0)
+    linear = nn.Linear(d_in, d_out)
+    fast = OneDnnLinear(linear.weight, linear.bias, relu=True)
+    with torch.no_grad():
+        for rows in [*range(1, 40), 100, 333, 1000]:
+            x = torch.randn(rows, d_in)
+            exact = torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "relu", [], "")
+            assert torch.equal(fast(x), exact), rows
+            assert torch.equal(fast(x.view(1, rows, d_in)), exact.view(1, rows, d_out)), rows
