@@ -222,6 +222,30 @@ def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt
     assert below.read_text() == "not a directory\n"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "{run}", "-o", "{below}/report.md"],
+        ["plot", "{run}", "-o", "{below}/deeper/curves.png"],
+        ["attention", "-c", "{run}", "--text", "a b c", "-o", "{below}/attention.png"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_directory_wanted_where_a_file_is_names_that_file(command: list[str], toy_run: Path, tmp_path: Path) -> None:
+    """report, plot and attention make their output's directory: below a regular file, the message names the file
+    (before: the system's bare "File exists")."""
+    pytest.importorskip("matplotlib")
+    below = tmp_path / "a_file"
+    below.write_text("not a directory\n")
+    args = [part.format(run=toy_run, below=below) for part in command]
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_mt", *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"error: {below} is a file, not a directory; choose an output path in a directory" in result.stderr
+    assert "Traceback" not in result.stderr and below.read_text() == "not a directory\n"
+
+
 def test_a_closed_stdout_is_one_line(toy_ckpt: Path, tmp_path: Path) -> None:
     text = tmp_path / "in.en"
     text.write_text("a b c\n")

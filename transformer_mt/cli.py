@@ -76,6 +76,12 @@ def quiet_stdout() -> None:
 def os_error_message(err: OSError) -> str:
     """One line for an OSError about a path: which path, what the system said, and what to check."""
     where = f"{err.filename}" + (f" -> {err.filename2}" if err.filename2 else "")
+    if isinstance(err, FileExistsError | NotADirectoryError) and err.filename:
+        # a directory wanted where a file is (-o FILE/out.png): the system's "File exists" names no cause
+        path = Path(err.filename)
+        file = next((p for p in (path, *path.parents) if p.is_file()), None)
+        if file is not None:
+            return f"{file} is a file, not a directory; choose an output path in a directory"
     return (
         f"{where}: {err.strerror or err}; check that every directory on the path exists and is yours to write, "
         "and that the disk has room"
