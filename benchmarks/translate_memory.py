@@ -46,15 +46,28 @@ open(out, "w", encoding="utf-8").write("".join(o + "\\n" for o in outputs))
 """
 
 
+# Runs the measured command and reports its peak. A child of this process would not do: Python starts children
+# with vfork, and the kernel counts the parent's peak (torch imported: 220-370 MiB) into the child's ru_maxrss at
+# its exec, a floor under every figure. This small interpreter, without torch, is the parent instead.
+_PEAK_OF = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+err = child.stderr.read()
+_, status, usage = os.wait4(child.pid, 0)
+sys.stderr.buffer.write(err)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
 def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, peak resident MiB) of ``cmd`` run to its end."""
+    """(wall seconds, peak resident MiB) of ``cmd`` run to its end, its peak its own (`_PEAK_OF`)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run([sys.executable, "-c", _PEAK_OF, *cmd], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return wall, usage.ru_maxrss / 1024
+    code, peak_kib = (int(v) for v in done.stdout.split())
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr}")
+    return wall, peak_kib / 1024
 
 
 def main() -> None:
