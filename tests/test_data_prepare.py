@@ -175,6 +175,14 @@ def test_synth_generates_the_corpus_when_missing(tmp_path):
     assert load_manifest(tmp_path / "out").splits["valid"].sentences == 1000
 
 
+def test_a_data_dir_below_a_file_is_refused_before_the_toy_corpus_is_written(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory\n")
+    cfg = _config(tmp_path, "data.synth=true", "data.synth_pairs=200", f"data.dir={tmp_path}/a_file/prepared")
+    with pytest.raises(UserError, match=r"^data.dir .*a_file is a file, not a directory"):
+        prepare_data(cfg)
+    assert not (tmp_path / "c").exists()
+
+
 def test_synth_with_foreign_prefix_says_which_key(tmp_path):
     cfg = _config(tmp_path, "data.synth=true", f"data.valid={tmp_path}/elsewhere/dev")
     with pytest.raises(PrepareError, match="data.valid"):

@@ -61,7 +61,7 @@ from transformer_mt.data.manifest import (
 )
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.errors import UserError
-from transformer_mt.files import atomic_write_text
+from transformer_mt.files import atomic_write_text, check_output_parent
 
 TRAINING_ONLY = ("model", "sampling_alpha")  # bpe keys outside the hash of a learned model (see _bpe_hash)
 SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
@@ -154,6 +154,7 @@ def wait_until_prepared(cfg: Config, waiter: str, poll_seconds: float = 5.0, not
 def prepare_data(cfg: Config, force: bool = False) -> Path:
     """Make ``data.dir`` up to date with the inputs and config, and return it."""
     out = Path(cfg.data.dir)
+    check_output_parent(out / MANIFEST, "data.dir")  # before any work, the toy corpus included
     _maybe_synthesize(cfg)
     splits = split_files(cfg)
     _check_present(cfg, splits)
