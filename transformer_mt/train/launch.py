@@ -36,8 +36,8 @@ def main(argv: list[str]) -> int:
         run(parse_args(argv))
     except ChildFailedError as e:
         print(f"error: {failure_line(e)}", file=sys.stderr)
-        rank, failure = e.get_first_failure()
-        return failure.exitcode if failure.exitcode > 0 else 1
+        exitcode = e.get_first_failure()[1].exitcode
+        return exitcode if exitcode > 0 else 1  # a rank's own error status, else torchrun's 1
     return 0
 
 
