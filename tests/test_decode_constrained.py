@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import Result
+from helpers import tiny_transformer
 from test_decode_search import B_, A, FakeModel, Table, fake_src, hand_table, hyp_tuples, never_ending, random_table
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
-from transformer_mt.config import Config, ModelConfig
+from transformer_mt.config import Config
 from transformer_mt.data.bpe import EOS, PAD
 from transformer_mt.decode.constrained import (
     ConstraintError,
@@ -239,13 +240,7 @@ def test_a_sentence_does_not_depend_on_the_others_in_its_batch(k: int) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
-    model = Transformer(cfg, vocab_size=24).eval()
-    with torch.no_grad():
-        model.embed.weight.mul_(6.0)
-        model.embed.weight[EOS].mul_(0.5)
-    return model
+    return tiny_transformer(6.0, eos_scale=0.5)  # sharper distributions than at init, so hypotheses differ and end
 
 
 @pytest.mark.parametrize("no_repeat_ngram", [0, 2])

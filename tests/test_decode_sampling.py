@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_transformer
 from test_decode_search import B_, A, FakeModel, fake_src, probs, real_src
 from typer.testing import CliRunner
 
@@ -114,14 +115,7 @@ def test_pad_and_bos_are_never_drawn() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Transformer:
-    from transformer_mt.config import ModelConfig
-
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
-    model = Transformer(cfg, vocab_size=24).eval()
-    with torch.no_grad():
-        model.embed.weight.mul_(2.0)  # flat enough that samples vary
-    return model
+    return tiny_transformer(2.0)  # flat enough that samples vary
 
 
 def ids_of(src: torch.Tensor) -> list[list[int]]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import tiny_transformer
 
-from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.search import (
     Hypothesis,
@@ -393,13 +393,7 @@ def test_nbest_is_prefix_of_wider_nbest_and_validates() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
-    model = Transformer(cfg, vocab_size=24).eval()
-    with torch.no_grad():
-        model.embed.weight.mul_(6.0)  # sharper distributions than at init, so hypotheses differ and end
-        model.embed.weight[EOS].mul_(0.5)
-    return model
+    return tiny_transformer(6.0, eos_scale=0.5)  # sharper distributions than at init, so hypotheses differ and end
 
 
 def real_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
