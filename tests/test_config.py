@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,24 @@ def test_multi30k_config_matches_the_benchmark_recipe():
     assert t.min_warmup == 80
     assert (t.max_minutes, t.snapshot_span, t.average_last, t.decay_fraction) == (20, 0.1, 5, 0.3)
     assert t.save_dir == "runs/multi30k"
+
+
+def test_multi30k_hour_config_changes_only_the_model_and_its_rate():
+    """configs/multi30k_hour.yaml is multi30k.yaml with a model, dropout and peak rate for 60 minutes: the data,
+    vocabulary, batches, schedule shape, snapshots and search stay those the race measured."""
+    from transformer_mt.train.schedule import Schedule
+
+    hour, minutes = load_config(CONFIGS / "multi30k_hour.yaml"), load_config(CONFIGS / "multi30k.yaml")
+    assert (hour.data, hour.bpe, hour.decode) == (minutes.data, minutes.bpe, minutes.decode)
+    m = hour.model
+    assert (m.d_model, m.d_ff, m.heads, m.encoder_layers, m.decoder_layers) == (128, 256, 4, 4, 4)
+    assert (m.dropout, m.attention_dropout, m.activation_dropout, m.norm, m.init) == (0.3, 0.0, 0.0, "post", "fairseq")
+    t = hour.train
+    assert (t.max_minutes, t.lr, t.save_dir) == (60, 3.5e-3, "runs/multi30k_hour")
+    assert dataclasses.replace(t, max_minutes=20, lr=1e-3, save_dir="runs/multi30k") == minutes.train
+    sched = Schedule.from_config(t, m.d_model)
+    assert sched.lr(1000, 0.05) < sched.lr(1000, 0.1) == pytest.approx(3.5e-3)  # warmup over the first 10% of the hour
+    assert sched.lr(1000, 0.7) == pytest.approx(3.5e-3) and sched.lr(1000, 0.85) == pytest.approx(3.5e-3 / 2)
 
 
 def test_fairseq_replay_config_is_the_published_recipe():

@@ -22,6 +22,9 @@ def test_seed_and_seeds_and_the_budgets():
     assert [race.run_dir(args, s) for s in args.seeds] == [Path("runs/sr_s1"), Path("runs/sr_s2")]
     args = race.parse_args(["--updates", "800", "--minutes", "30", "--seeds", "1", "2"])
     assert race.run_dir(args, 2) == Path("runs/race_tmt_800u_30min_s2")
+    args = race.parse_args(["--recipe", "hour"])
+    assert (args.minutes, race.run_dir(args, 1)) == (60.0, Path("runs/race_hour_60min_s1"))  # the config's own hour
+    assert race.parse_args(["--recipe", "fairseq"]).minutes == 20.0
 
 
 def _summary(seed: int, updates: int, valid: tuple[float, float], test: tuple[float, float]) -> dict:
