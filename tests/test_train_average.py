@@ -1,4 +1,11 @@
-"""Checkpoint averaging: element-wise mean in float64, key/shape checks, the `last K` choice and the CLI."""
+"""Checkpoint averaging: element-wise mean in float64, key/shape checks, the `last K` choice and the CLI.
+
+`read_average`'s own rules are tested on small hand-made states; what `tmt average` writes, on real tiny
+Transformer checkpoints with the toy corpus's BPE model, since it refuses a mean that decoding could not load.
+"""
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -6,18 +13,26 @@ from typer.testing import CliRunner
 
 from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint, to_state
 from transformer_mt.cli import app
-from transformer_mt.config import Config, config_from_dict, save_config
+from transformer_mt.config import Config, save_config
+from transformer_mt.data.bpe import PAD, load_bpe_bytes
 from transformer_mt.errors import UserError
+from transformer_mt.model.transformer import Transformer
 from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.average import AverageError, average_checkpoints, last_checkpoints
 
 
-def _ckpt(path, update, model, spm=b"spm"):
+@pytest.fixture(scope="module")
+def toy(prepared_toy: Config) -> tuple[Config, bytes]:
+    """The toy corpus's config and BPE model: what a real checkpoint of the tiny toy model carries."""
+    return prepared_toy, (Path(prepared_toy.data.dir) / "spm.model").read_bytes()
+
+
+def _ckpt(path, update, model, spm=b"spm", config=None):
     save_checkpoint(
         path,
         {
             "model": model,
-            "config": {"train": {"seed": update}},
+            "config": config or {"train": {"seed": update}},
             "spm_model": torch.tensor(list(spm), dtype=torch.uint8),
             "update": update,
             "optimizer": {"state": {}, "param_groups": []},
@@ -38,25 +53,50 @@ def _model(seed, dtype=torch.float32):
     }
 
 
-def test_mean_of_parameters(tmp_path):
-    models = [_model(s) for s in (1, 2, 3)]
-    paths = [_ckpt(tmp_path / checkpoint_name(u), u, m) for u, m in zip((30, 10, 20), models, strict=True)]
+def _config(toy, update) -> dict:
+    cfg = toy[0]
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=update)).to_dict()
+
+
+def _real_model(toy, seed, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """The state of the toy config's tiny Transformer, random weights drawn from ``seed``."""
+    cfg, spm = toy
+    torch.manual_seed(seed)
+    state = Transformer(cfg.model, load_bpe_bytes(spm).get_piece_size(), pad_id=PAD).state_dict()
+    return {key: tensor.to(dtype) for key, tensor in state.items()}
+
+
+def _real_ckpt(toy, path, update, dtype=torch.float32, model=None):
+    """A checkpoint `tmt translate` could load: the toy model (``model``, or random weights), config and BPE model."""
+    model = _real_model(toy, update, dtype) if model is None else model
+    return _ckpt(path, update, model, spm=toy[1], config=_config(toy, update))
+
+
+def test_mean_of_parameters(tmp_path, toy):
+    models = [_real_model(toy, s) for s in (1, 2, 3)]
+    updates = (30, 10, 20)
+    paths = [_real_ckpt(toy, tmp_path / checkpoint_name(u), u, model=m) for u, m in zip(updates, models, strict=True)]
     out = tmp_path / "average.pt"
     average_checkpoints(paths, out)
     avg = load_checkpoint(out)
-    for key in ("embed.weight", "fc.bias"):
+    assert avg["model"].keys() == models[0].keys()
+    for key in models[0]:
         expected = torch.stack([m[key].double() for m in models]).mean(0).float()
         assert avg["model"][key].dtype == torch.float32
         assert torch.equal(avg["model"][key], expected)
-    assert torch.equal(avg["model"]["steps"], models[0]["steps"])
     # metadata of the newest input (highest update), whatever the order given
-    assert avg["update"] == 30 and avg["config"] == config_from_dict({"train": {"seed": 30}}).to_dict()
-    assert bytes(avg["spm_model"].tolist()) == b"spm"
+    assert avg["update"] == 30 and avg["config"] == _config(toy, 30)
+    assert bytes(avg["spm_model"].tolist()) == toy[1]
     assert "optimizer" not in avg and "epoch" not in avg and avg["averaged_from"] == [str(p) for p in paths]
 
 
-def test_average_states_is_what_average_checkpoints_writes(tmp_path):
-    paths = [_ckpt(tmp_path / f"{u}.pt", u, _model(u)) for u in (2, 1)]
+def test_integer_buffers_are_copied_not_averaged(tmp_path):
+    paths = [_ckpt(tmp_path / f"{u}.pt", u, _model(u)) for u in (1, 2)]
+    assert torch.equal(read_average(paths).model["steps"], _model(1)["steps"])
+
+
+def test_average_states_is_what_average_checkpoints_writes(tmp_path, toy):
+    paths = [_real_ckpt(toy, tmp_path / f"{u}.pt", u) for u in (2, 1)]
     state = to_state(read_average(paths))
     assert not list(tmp_path.glob("avg*"))  # nothing written
     average_checkpoints(paths, tmp_path / "avg.pt")
@@ -84,13 +124,31 @@ def test_rejects_different_integer_buffers(tmp_path):
         average_checkpoints([a, b], tmp_path / "out.pt")
 
 
-def test_bf16_is_cast_back_after_float64_accumulation(tmp_path):
-    models = [_model(s, torch.bfloat16) for s in (4, 5)]
-    paths = [_ckpt(tmp_path / f"{i}.pt", i, m) for i, m in enumerate(models)]
+def test_bf16_is_cast_back_after_float64_accumulation(tmp_path, toy):
+    models = [_real_model(toy, s, torch.bfloat16) for s in (4, 5)]
+    paths = [_real_ckpt(toy, tmp_path / f"{i}.pt", i, model=m) for i, m in enumerate(models)]
     average_checkpoints(paths, tmp_path / "avg.pt")
-    avg = load_checkpoint(tmp_path / "avg.pt")["model"]["fc.bias"]
+    avg = load_checkpoint(tmp_path / "avg.pt")["model"]["embed.weight"]
     assert avg.dtype == torch.bfloat16
-    assert torch.equal(avg, ((models[0]["fc.bias"].double() + models[1]["fc.bias"].double()) / 2).bfloat16())
+    pair = [m["embed.weight"].double() for m in models]
+    assert torch.equal(avg, ((pair[0] + pair[1]) / 2).bfloat16())
+
+
+@pytest.mark.parametrize("damage", ["integer weights", "missing layer"])
+def test_refuses_a_mean_that_decoding_could_not_load(tmp_path, toy, damage):
+    """Inputs that agree with each other but not with their config: refused, naming the weight, nothing written."""
+    model = _real_model(toy, 1)
+    key = "encoder.0.ffn.fc1.weight"
+    if damage == "integer weights":
+        model[key] = model[key].round().to(torch.int64)
+    else:
+        del model[key]
+    paths = [_real_ckpt(toy, tmp_path / checkpoint_name(u), u, model=model) for u in (1, 2)]
+    result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "2"])
+    assert result.exit_code != 0
+    message = " ".join(result.output.split())
+    assert str(paths[0]) in message and "does not fit the model its config describes" in message
+    assert key in message and not (tmp_path / "average.pt").exists()
 
 
 def test_rejects_mismatched_keys(tmp_path):
@@ -135,10 +193,10 @@ def test_last_checkpoints(tmp_path, capsys):
         last_checkpoints(best_only, 3)
 
 
-def test_last_checkpoints_passes_over_unreadable_files(tmp_path, capsys):
+def test_last_checkpoints_passes_over_unreadable_files(tmp_path, capsys, toy):
     """--last 2 with the newest file truncated: the two newest readable ones are averaged, the bad one named."""
     for u in (10, 20, 30):
-        _ckpt(tmp_path / checkpoint_name(u), u, _model(u))
+        _real_ckpt(toy, tmp_path / checkpoint_name(u), u)
     bad = tmp_path / checkpoint_name(30)
     bad.write_bytes(bad.read_bytes()[:300])
     assert last_checkpoints(tmp_path, 2) == [tmp_path / checkpoint_name(u) for u in (10, 20)]
@@ -152,9 +210,9 @@ def test_last_checkpoints_passes_over_unreadable_files(tmp_path, capsys):
         last_checkpoints(tmp_path, 2)
 
 
-def test_cli_average(tmp_path):
+def test_cli_average(tmp_path, toy):
     for u in (10, 20, 30):
-        _ckpt(tmp_path / checkpoint_name(u), u, _model(u))
+        _real_ckpt(toy, tmp_path / checkpoint_name(u), u)
     cfg = Config()
     cfg.train.average_last = 2
     save_config(cfg, tmp_path / "config.yaml")
@@ -175,8 +233,8 @@ def test_cli_average(tmp_path):
     assert result.exit_code == 2 and "--last 2 picks checkpoints of a run directory" in result.output
 
 
-def test_cli_average_of_checkpoint_files_writes_to_the_working_directory(tmp_path, monkeypatch):
-    a, b = (_ckpt(tmp_path / checkpoint_name(u), u, _model(u)) for u in (10, 20))
+def test_cli_average_of_checkpoint_files_writes_to_the_working_directory(tmp_path, monkeypatch, toy):
+    a, b = (_real_ckpt(toy, tmp_path / checkpoint_name(u), u) for u in (10, 20))
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

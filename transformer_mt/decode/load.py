@@ -216,6 +216,16 @@ def checkpoint_bpe(ck: Checkpoint, path: Path) -> spm.SentencePieceProcessor:
     return bpe
 
 
+def check_loadable(ck: Checkpoint, path: Path) -> None:
+    """Refuse ``ck`` unless `load_model` can load it: a readable BPE model and weights that fit the model its config
+    describes (names, shapes, floating point), checked against a model built on the meta device (no memory), so that
+    `tmt average` never writes a file that decoding would refuse."""
+    bpe = checkpoint_bpe(ck, path)
+    with torch.device("meta"):
+        expected = Transformer(ck.config.model, bpe.get_piece_size(), pad_id=PAD).state_dict()
+    check_weights(path, ck.model, expected)
+
+
 def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> LoadedModel:
     bpe = checkpoint_bpe(ck, path)
     model = Transformer(cfg.model, bpe.get_piece_size(), pad_id=PAD)

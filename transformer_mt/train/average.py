@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformer_mt.checkpoint import Checkpoint, read_average, write_checkpoint
 from transformer_mt.config import ConfigError, TrainConfig, load_config
+from transformer_mt.decode.load import check_loadable
 from transformer_mt.errors import UserError
 from transformer_mt.run_names import CONFIG_NAME
 from transformer_mt.train.run_checkpoints import list_checkpoints, newest_readable
@@ -60,7 +61,12 @@ def default_last(run_dir: str | Path) -> int:
 
 
 def average_checkpoints(paths: Sequence[str | Path], out: str | Path) -> Checkpoint:
-    """`read_average` of ``paths`` written to ``out`` (atomically); returns what was written."""
+    """`read_average` of ``paths`` written to ``out`` (atomically); returns what was written.
+
+    The mean is checked as `tmt translate` would load it first (`check_loadable`): inputs that agree with each
+    other but not with their config (integer weights, a missing layer) are refused before anything is written.
+    """
     result = read_average(paths)
+    check_loadable(result, Path(paths[0]))
     write_checkpoint(out, result)
     return result
