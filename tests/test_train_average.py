@@ -66,9 +66,9 @@ def _real_model(toy, seed, dtype=torch.float32) -> dict[str, torch.Tensor]:
     return {key: tensor.to(dtype) for key, tensor in state.items()}
 
 
-def _real_ckpt(toy, path, update, dtype=torch.float32, model=None):
+def _real_ckpt(toy, path, update, model=None):
     """A checkpoint `tmt translate` could load: the toy model (``model``, or random weights), config and BPE model."""
-    model = _real_model(toy, update, dtype) if model is None else model
+    model = _real_model(toy, update) if model is None else model
     return _ckpt(path, update, model, spm=toy[1], config=_config(toy, update))
 
 
