@@ -32,6 +32,11 @@ mean: how to tune a recipe on one's own small corpus, selecting on valid.
 limit unless ``--minutes`` is given too): on a shared machine a race against
 the clock is unfair to whichever run had the busier minutes.
 
+A race cut short (a reboot, Ctrl-C) goes on from its newest checkpoint with
+the same command and ``--resume``: training resumes bit-exactly, so the
+scores are those of an uninterrupted run; ``trained_minutes`` in race.json
+then counts the resumed part only (``resumed`` says so).
+
 Run it from the repository root (the configs' data paths are relative to it)
 on an otherwise idle machine: the figure is a race against the clock.
 Results go to RUN_DIR/race.json and markdown tables on stdout.
@@ -130,6 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="a fresh directory per race (default runs/race_RECIPE_BUDGET_sSEED); with several seeds, DIR_sSEED each",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a race whose run directory holds checkpoints (one cut short), from the newest of them",
+    )
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="extra config overrides")
     parser.add_argument("--splits", nargs="+", default=["valid", "test"], help="Multi30k splits to score")
     args = parser.parse_args(argv)
@@ -155,8 +165,12 @@ def race(args: argparse.Namespace, seed: int) -> dict:
     """One race: prepare, train, score the last checkpoint and the average; prints its table, returns race.json."""
     config = RECIPES[args.recipe]
     run = run_dir(args, seed)
-    if run.exists() and any(run.glob("checkpoint_*.pt")):
-        sys.exit(f"{run} already holds checkpoints: a race starts from scratch; pass another --run-dir")
+    resumed = run.exists() and any(run.glob("checkpoint_*.pt"))
+    if resumed and not args.resume:
+        sys.exit(
+            f"{run} already holds checkpoints: a race starts from scratch; pass another --run-dir, "
+            "or --resume (with the same options) to go on with that race from its newest checkpoint"
+        )
     budget = [f"train.max_minutes={args.minutes}"] + ([f"train.max_updates={args.updates}"] if args.updates else [])
     sets = [f"train.save_dir={run}", *budget, f"train.seed={seed}", *args.overrides]
     set_args = [a for s in sets for a in ("--set", s)]
@@ -189,6 +203,7 @@ def race(args: argparse.Namespace, seed: int) -> dict:
     summary = {
         "recipe": args.recipe, "config": config, "overrides": args.overrides, "seed": seed,
         "minutes": args.minutes, "max_updates": args.updates, "trained_minutes": round(train_minutes, 2),
+        "resumed": resumed,
         "updates": updates, "tgt_tokens_per_s": round(tok_s), "load_average": round(sum(load) / max(len(load), 1), 2),
         "scores": rows,
     }  # fmt: skip

@@ -1,9 +1,11 @@
-"""benchmarks/multi30k_race.py: its arguments (several seeds, an update budget) and the table over the seeds."""
+"""benchmarks/multi30k_race.py: its arguments (several seeds, an update budget, resuming) and the table over the seeds."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "multi30k_race.py"
 _spec = importlib.util.spec_from_file_location("multi30k_race", _PATH)
@@ -52,3 +54,28 @@ def test_the_seeds_table_has_a_row_per_seed_and_their_mean():
         "| 2 | 800 | 29.0 | 30.0 | 31.0 | 31.5 |",
         "| mean of 2 | | **29.50** | **30.50** | **31.50** | **32.25** |",
     ]
+
+
+def test_a_run_directory_with_checkpoints_is_refused_unless_resumed(tmp_path, monkeypatch):
+    run = tmp_path / "race"
+    run.mkdir()
+    (run / "checkpoint_u0000100.pt").write_bytes(b"")
+    args = race.parse_args(["--updates", "800", "--run-dir", str(run)])
+    with pytest.raises(SystemExit, match="already holds checkpoints.*--resume"):
+        race.race(args, 1)
+
+    calls = []
+
+    class Trained(Exception):
+        pass
+
+    def tmt(*argv: str) -> None:  # the subprocess boundary: record the commands, stop after `tmt train`
+        calls.append(argv)
+        if argv[0] == "train":
+            raise Trained
+
+    monkeypatch.setattr(race, "tmt", tmt)
+    with pytest.raises(Trained):
+        race.race(race.parse_args(["--updates", "800", "--run-dir", str(run), "--resume"]), 1)
+    assert [c[0] for c in calls] == ["prepare", "train"]
+    assert f"train.save_dir={run}" in calls[1]  # the same directory: `tmt train` resumes from its newest checkpoint
