@@ -70,6 +70,61 @@ def test_plot_cli_writes_the_png_and_refuses_a_run_without_records(toy_run: Path
     assert not (tmp_path / "e.png").exists()
 
 
+def _rescaled_run(toy_run: Path, root: Path, scale: float) -> Path:
+    """A second run directory: toy_run's config and records, losses scaled by ``scale``, a valid BLEU per validation."""
+    import json
+
+    run = root / f"scaled_{scale}"
+    run.mkdir()
+    (run / "config.yaml").write_text((toy_run / "config.yaml").read_text())
+    records = metric_records(toy_run)
+    for r in records:
+        for key in ("loss", "nll"):
+            if key in r and r["kind"] in ("train", "valid"):
+                r[key] *= scale
+        if r["kind"] == "valid":
+            r["bleu"] = 10.0 * r["update"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_several_runs_draw_one_color_each_on_the_same_axes(toy_run: Path, tmp_path: Path) -> None:
+    other = _rescaled_run(toy_run, tmp_path, 2.0)
+    out = tmp_path / "compare.png"
+    fig = curves_figure([read_run(toy_run), read_run(other)], out)
+    assert out.read_bytes().startswith(PNG)
+    loss, lr, bleu, loss_t, _, bleu_t = fig.axes
+    train, valid = _records(toy_run, "train"), _records(toy_run, "valid")
+    first_train, first_nll, second_train, second_nll = loss.get_lines()  # per run: training loss, validation NLL
+    assert list(first_train.get_ydata()) == [r["loss"] for r in train]
+    assert list(second_train.get_ydata()) == [2.0 * r["loss"] for r in train]
+    assert list(first_nll.get_xdata()) == [3, 6] and list(second_nll.get_ydata()) == [2.0 * r["nll"] for r in valid]
+    assert first_train.get_color() == first_nll.get_color() != second_train.get_color() == second_nll.get_color()
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == [
+        f"{toy_run} train",
+        f"{toy_run} valid NLL",
+        f"{other} train",
+        f"{other} valid NLL",
+    ]
+    assert [line.get_label() for line in lr.get_lines()] == [str(toy_run), str(other)]
+    (drawn,) = bleu.get_lines()  # only the second run logged validation BLEU
+    assert drawn.get_label() == str(other) and list(drawn.get_ydata()) == [30.0, 60.0]
+    assert drawn.get_color() == second_train.get_color() and not bleu.texts
+    assert list(bleu_t.get_lines()[0].get_xdata()) == [r["minutes"] for r in valid]
+    assert list(loss_t.get_lines()[2].get_xdata()) == [r["minutes"] for r in train]
+
+
+def test_plot_cli_compares_runs_and_names_the_one_without_records(toy_run: Path, tmp_path: Path) -> None:
+    other = _rescaled_run(toy_run, tmp_path, 0.5)
+    result = CliRunner().invoke(app, ["plot", str(toy_run), str(other), "-o", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "c.png").read_bytes().startswith(PNG)
+    (other / "metrics.jsonl").write_text("")
+    result = CliRunner().invoke(app, ["plot", str(toy_run), str(other), "-o", str(tmp_path / "e.png")])
+    assert result.exit_code == 2 and "no train or valid records" in result.output and "scaled_0.5" in result.output
+    assert not (tmp_path / "e.png").exists()
+
+
 def test_without_matplotlib_each_figure_names_the_pip_command(toy_run: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(PlotError, match=r"pip install matplotlib"):

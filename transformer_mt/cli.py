@@ -990,23 +990,35 @@ def report(
 
 @app.command()
 def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (train.save_dir of `tmt train`).")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="One run directory (train.save_dir of `tmt train`), or several to compare.",
+            metavar="RUN_DIR",
+            show_default=False,
+        ),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The PNG file to write.")] = Path("curves.png"),
 ) -> None:
-    """Draw a run's training curves from its metrics.jsonl: loss, learning rate, validation BLEU.
+    """Draw training curves from metrics.jsonl: loss, learning rate, validation BLEU; one run or several compared.
 
     Top row against updates, bottom row against wall-clock minutes (resumes
     included): training loss (label-smoothed, per target token, averaged
     over each train.log_every window), validation loss and NLL, the learning
     rate, and validation sacreBLEU where the run logged it
-    (train.valid_bleu_sentences). Needs matplotlib (pip install matplotlib).
+    (train.valid_bleu_sentences). Several run directories draw one color
+    per run, labelled with its path, on the same axes: two recipes, or two
+    seeds of one (their validation NLL, comparable across label smoothing).
+    Needs matplotlib (pip install matplotlib).
 
     Example: tmt plot quickstart/run -o curves.png
+
+    Example: tmt plot runs/race_tmt_60min_s1 runs/race_hour_60min_s1 -o recipes.png
     """
     from transformer_mt.plots import curves_figure
     from transformer_mt.runs import read_run
 
-    curves_figure(read_run(run_dir), output)
+    curves_figure([read_run(run_dir) for run_dir in run_dirs], output)
     typer.echo(f"curves -> {output}")
 
 

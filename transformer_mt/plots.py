@@ -95,40 +95,71 @@ def _series(records: list[dict[str, Any]], key: str, x: str) -> tuple[list[float
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def curves_figure(run: Run, out: Path) -> Any:
+def curves_figure(runs: Run | Sequence[Run], out: Path) -> Any:
     """Loss, learning rate and validation BLEU against updates (top row) and wall-clock minutes (bottom row).
 
-    Writes the PNG and returns the Figure: axes [loss, lr, BLEU] x [updates, minutes].
+    One run: its training loss, validation loss and NLL. Several runs (a
+    comparison of recipes or seeds): one color per run, labelled with its
+    directory, each run's training loss and validation NLL; NLL rather than
+    the label-smoothed loss, which is not comparable between runs of
+    different smoothing. Writes the PNG and returns the Figure: axes [loss,
+    lr, BLEU] x [updates, minutes].
     """
-    train, valid = run.kind("train"), run.kind("valid")
-    if not train and not valid:
-        raise PlotError(
-            f"{run.path / 'metrics.jsonl'}: no train or valid records to plot; a run logs them every "
-            "train.log_every updates and every train.validate_every updates"
-        )
+    runs = [runs] if isinstance(runs, Run) else list(runs)
+    for run in runs:
+        if not run.kind("train") and not run.kind("valid"):
+            raise PlotError(
+                f"{run.path / 'metrics.jsonl'}: no train or valid records to plot; a run logs them every "
+                "train.log_every updates and every train.validate_every updates"
+            )
     fig = new_figure(13, 7)
     axes = fig.subplots(2, 3)
     for row, (x, label) in enumerate((("update", "updates"), ("minutes", "wall-clock minutes"))):
         loss, lr, bleu = axes[row]
-        loss.plot(*_series(train, "loss", x), label="train (label-smoothed)", lw=1)
-        loss.plot(*_series(valid, "loss", x), "o-", label="valid (label-smoothed)", ms=3)
-        loss.plot(*_series(valid, "nll", x), "s--", label="valid NLL", ms=3)
+        if len(runs) == 1:
+            _one_run(runs[0], loss, lr, x)
+        else:
+            _runs_side_by_side(runs, loss, lr, x)
         loss.set(ylabel="loss per target token (nats)", xlabel=label)
         loss.legend(fontsize=8)
-        lr.plot(*_series(train, "lr", x), lw=1)
         lr.set(ylabel="learning rate", xlabel=label)
-        _bleu_panel(bleu, valid, x, label)
-    fig.suptitle(f"{run.path}: {run.updates:,} updates", fontsize=10)
+        _bleu_panel(bleu, runs, x, label)
+    if len(runs) == 1:
+        fig.suptitle(f"{runs[0].path}: {runs[0].updates:,} updates", fontsize=10)
+    else:
+        fig.suptitle(", ".join(f"{run.path}: {run.updates:,} updates" for run in runs), fontsize=10)
     save_figure(fig, out)
     return fig
 
 
-def _bleu_panel(ax: Any, valid: list[dict[str, Any]], x: str, label: str) -> None:
-    xs, ys = _series(valid, "bleu", x)
-    if xs:
-        ax.plot(xs, ys, "o-", ms=3)
-    else:
+def _one_run(run: Run, loss: Any, lr: Any, x: str) -> None:
+    train, valid = run.kind("train"), run.kind("valid")
+    loss.plot(*_series(train, "loss", x), label="train (label-smoothed)", lw=1)
+    loss.plot(*_series(valid, "loss", x), "o-", label="valid (label-smoothed)", ms=3)
+    loss.plot(*_series(valid, "nll", x), "s--", label="valid NLL", ms=3)
+    lr.plot(*_series(train, "lr", x), lw=1)
+
+
+def _runs_side_by_side(runs: Sequence[Run], loss: Any, lr: Any, x: str) -> None:
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        loss.plot(*_series(run.kind("train"), "loss", x), lw=1, alpha=0.5, color=color, label=f"{run.path} train")
+        loss.plot(*_series(run.kind("valid"), "nll", x), "o-", ms=3, color=color, label=f"{run.path} valid NLL")
+        lr.plot(*_series(run.kind("train"), "lr", x), lw=1, color=color, label=str(run.path))
+    lr.legend(fontsize=8)
+
+
+def _bleu_panel(ax: Any, runs: Sequence[Run], x: str, label: str) -> None:
+    drawn = 0
+    for i, run in enumerate(runs):
+        xs, ys = _series(run.kind("valid"), "bleu", x)
+        if xs:
+            ax.plot(xs, ys, "o-", ms=3, color=f"C{i % 10}", label=str(run.path))
+            drawn += 1
+    if not drawn:
         ax.text(0.5, 0.5, "no validation BLEU logged\n(train.valid_bleu_sentences)", ha="center", va="center")
+    elif len(runs) > 1:
+        ax.legend(fontsize=8)
     ax.set(ylabel="validation sacreBLEU", xlabel=label)
 
 
