@@ -35,7 +35,9 @@ the clock is unfair to whichever run had the busier minutes.
 A race cut short (a reboot, Ctrl-C) goes on from its newest checkpoint with
 the same command and ``--resume``: training resumes bit-exactly, so the
 scores are those of an uninterrupted run; ``trained_minutes`` in race.json
-then counts the resumed part only (``resumed`` says so).
+(this script's clock around ``tmt train``, prepare included) then counts the
+resumed part only (``resumed`` says so), while ``trainer_minutes`` (the
+trainer's own clock in metrics.jsonl) counts the whole run.
 
 Run it from the repository root (the configs' data paths are relative to it)
 on an otherwise idle machine: the figure is a race against the clock.
@@ -203,7 +205,7 @@ def race(args: argparse.Namespace, seed: int) -> dict:
     summary = {
         "recipe": args.recipe, "config": config, "overrides": args.overrides, "seed": seed,
         "minutes": args.minutes, "max_updates": args.updates, "trained_minutes": round(train_minutes, 2),
-        "resumed": resumed,
+        "resumed": resumed, "trainer_minutes": trainer_minutes(metrics),
         "updates": updates, "tgt_tokens_per_s": round(tok_s), "load_average": round(sum(load) / max(len(load), 1), 2),
         "scores": rows,
     }  # fmt: skip
@@ -219,6 +221,11 @@ def race(args: argparse.Namespace, seed: int) -> dict:
         cells = " | ".join(f"{scores[s]:.1f} ({scores[s + '_ratio']:.2f})" for s in args.splits)
         print(f"| {name} | {cells} | {'' if peer[name] is None else peer[name]} |")
     return summary
+
+
+def trainer_minutes(metrics: list[dict]) -> float | None:
+    """The trainer's wall-clock minutes (metrics.jsonl): training only, a resumed run's earlier parts included."""
+    return max((round(m["minutes"], 2) for m in metrics if "minutes" in m), default=None)
 
 
 def seeds_table(summaries: list[dict], splits: list[str]) -> str:

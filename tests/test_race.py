@@ -79,3 +79,12 @@ def test_a_run_directory_with_checkpoints_is_refused_unless_resumed(tmp_path, mo
         race.race(race.parse_args(["--updates", "800", "--run-dir", str(run), "--resume"]), 1)
     assert [c[0] for c in calls] == ["prepare", "train"]
     assert f"train.save_dir={run}" in calls[1]  # the same directory: `tmt train` resumes from its newest checkpoint
+
+
+def test_trainer_minutes_run_on_across_a_resume():
+    first = [{"kind": "start", "update": 0}, {"kind": "train", "update": 20, "minutes": 0.4}]
+    resumed = [{"kind": "start", "update": 4543}, {"kind": "valid", "update": 5000, "minutes": 98.25}]
+    metrics = [*first, {"kind": "train", "update": 4540, "minutes": 89.9}, *resumed]
+    metrics.append({"kind": "end", "update": 5600, "minutes": 106.123})
+    assert race.trainer_minutes(metrics) == 106.12  # the whole run, not the resumed part only
+    assert race.trainer_minutes([{"kind": "start", "update": 0}]) is None
