@@ -124,10 +124,7 @@ def curves_figure(runs: Run | Sequence[Run], out: Path) -> Any:
         loss.legend(fontsize=8)
         lr.set(ylabel="learning rate", xlabel=label)
         _bleu_panel(bleu, runs, x, label)
-    if len(runs) == 1:
-        fig.suptitle(f"{runs[0].path}: {runs[0].updates:,} updates", fontsize=10)
-    else:
-        fig.suptitle(", ".join(f"{run.path}: {run.updates:,} updates" for run in runs), fontsize=10)
+    fig.suptitle(", ".join(f"{run.path}: {run.updates:,} updates" for run in runs), fontsize=10)
     save_figure(fig, out)
     return fig
 
