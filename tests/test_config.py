@@ -274,7 +274,7 @@ def test_multi30k_hour_config_changes_only_the_model_its_rate_and_the_length_pen
     assert dataclasses.replace(hour.decode, len_penalty=0.6) == minutes.decode and hour.decode.len_penalty == 1.5
     m = hour.model
     assert (m.d_model, m.d_ff, m.heads, m.encoder_layers, m.decoder_layers) == (128, 256, 4, 4, 4)
-    assert (m.dropout, m.attention_dropout, m.activation_dropout, m.norm, m.init) == (0.2, 0.0, 0.0, "post", "fairseq")
+    assert (m.dropout, m.attention_dropout, m.activation_dropout, m.norm, m.init) == (0.2, 0.1, 0.1, "post", "fairseq")
     t = hour.train
     assert (t.max_minutes, t.lr, t.save_dir) == (60, 3.5e-3, "runs/multi30k_hour")
     assert dataclasses.replace(t, max_minutes=20, lr=1e-3, save_dir="runs/multi30k") == minutes.train
