@@ -89,8 +89,16 @@ def offline(args: argparse.Namespace, lines: list[str]) -> tuple[dict[str, str],
     return dict(zip(lines, outputs, strict=True)), rate, statistics.median(times)
 
 
+def health(port: int) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/health")
+    return json.loads(conn.getresponse().read())
+
+
 def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, str], deadline: float) -> dict:
-    """``clients`` threads share ``lines``, one request per line; latencies, wrong and lost answers."""
+    """``clients`` threads share ``lines``, one request per line; latencies, wrong and lost answers, and the
+    mean lines per round of the server's worker (from `GET /health` before and after)."""
+    before = health(port)
     latencies: list[float] = []
     wrong = lost = 0
     lock = threading.Lock()
@@ -128,8 +136,11 @@ def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, s
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    after = health(port)
     answered = len(latencies)
+    rounds = max(1, after["batches"] - before["batches"])
     return {
+        "lines_per_round": (after["lines"] - before["lines"]) / rounds,
         "clients": clients, "sent": answered + lost, "answered": answered, "wrong": wrong, "lost": lost,
         "sentences_per_s": answered / wall, "p50_ms": 1000 * _quantile(latencies, 0.5),
         "p99_ms": 1000 * _quantile(latencies, 0.99),
@@ -174,11 +185,13 @@ def main() -> None:
         server.wait(60)
     print(f"offline: {offline_rate:.1f} sentences/s over {len(lines)} lines; one line alone: p50 "
           f"{1000 * alone_s:.1f} ms; server exit {server.returncode}, peak RSS {rss:.0f} MiB")  # fmt: skip
-    print("| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | answered | wrong | lost |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | lines/round | answered | wrong | lost |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['clients']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / offline_rate:.2f}x | "
-              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['answered']} | "
+              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['lines_per_round']:.1f} | {r['answered']} | "
               f"{r['wrong']} | {r['lost']} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"offline_sentences_per_s": offline_rate, "alone_p50_s": alone_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -165,6 +166,33 @@ def test_full_queue_and_shutdown(translator: Translator, lines) -> None:
         batcher.submit(Job(lines[:1]))
 
 
+def test_the_clients_a_round_answered_are_awaited_together_and_a_lone_one_is_not_kept(
+    translator: Translator, lines, alone
+) -> None:
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8)
+    first = [batcher.submit(Job([line])) for line in lines[:3]]  # queued before the worker starts: one round
+    batcher.start()
+    try:
+        for future in first:
+            future.result(timeout=60)
+        assert batcher.stats.batches == 1
+        # the three clients come back one by one, 50 ms apart: the worker waits for the three (within max_wait)
+        with ThreadPoolExecutor(3) as pool:
+            again = list(pool.map(lambda i: (time.sleep(0.05 * i), batcher.submit(Job([lines[3 + i]])))[1], range(3)))
+        assert [f.result(timeout=60)[0][0].text for f in again] == [alone[line] for line in lines[3:6]]
+        assert batcher.stats.batches == 2
+    finally:
+        batcher.close()
+    # one client: each request is translated at once, not after the minute of max_wait
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8)
+    batcher.start()
+    try:
+        for line in lines[6:9]:
+            assert batcher.submit(Job([line])).result(timeout=20)[0][0].text == alone[line]
+    finally:
+        batcher.close()
+
+
 def test_a_failing_request_leaves_the_worker_alive(translator: Translator, lines, alone) -> None:
     batcher = Batcher(translator, max_batch_tokens=100, max_wait_ms=0, queue_size=8)
     batcher.start()
@@ -175,6 +203,33 @@ def test_a_failing_request_leaves_the_worker_alive(translator: Translator, lines
         assert batcher.submit(Job(lines[:1])).result(timeout=60)[0][0].text == alone[lines[0]]
     finally:
         batcher.close()
+
+
+def test_the_server_socket_sends_answers_without_waiting_for_acknowledgements() -> None:
+    """asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets made with their protocol named; with it
+    on, each answer after the first on a keep-alive connection waited about 40 ms (`listen`)."""
+    import asyncio
+    import socket
+
+    from transformer_mt.serve import listen
+
+    sock = listen("127.0.0.1", 0)
+    seen: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    async def connect_once() -> None:
+        server = await asyncio.start_server(handle, sock=sock)
+        reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        await reader.read()  # until the server's side closes
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(connect_once())
+    assert len(seen) == 1 and seen[0] != 0
 
 
 # -- the app

@@ -744,7 +744,9 @@ MaxBatchTokensOpt = Annotated[
 MaxWaitMsOpt = Annotated[
     float,
     typer.Option(
-        "--max-wait-ms", help="How long the worker waits for more requests to batch with the oldest one (ms)."
+        "--max-wait-ms",
+        help="How long the worker waits for the requests it expects to join a round (ms): as many as its last "
+        "round answered plus those that queued meanwhile; a lone client is never kept waiting.",
     ),
 ]
 QueueOpt = Annotated[
