@@ -133,6 +133,8 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         if os.name == "posix":  # as create_server: a restarted server rebinds at once
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # as create_server: an IPv6 address listens on IPv6 only
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
         sock.listen()
         return sock
