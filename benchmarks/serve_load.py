@@ -51,6 +51,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def health(port: int, timeout: float = 60) -> dict:
+    """The server's `GET /health` answer; OSError while it cannot answer (not started, or not 200)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"GET /health answered {response.status}")
+        return json.loads(response.read())
+    finally:
+        conn.close()
+
+
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "transformer_mt", "serve", "-c", str(args.checkpoint), "--port", str(port),
            "--max-wait-ms", str(args.max_wait_ms), "--queue", "1024"]  # fmt: skip
@@ -62,10 +75,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return proc
+            health(port, timeout=2)
+            return proc
         except OSError:
             time.sleep(0.2)
     proc.kill()
@@ -87,12 +98,6 @@ def offline(args: argparse.Namespace, lines: list[str]) -> tuple[dict[str, str],
         translator.translate_lines([line])
         times.append(time.perf_counter() - start)
     return dict(zip(lines, outputs, strict=True)), rate, statistics.median(times)
-
-
-def health(port: int) -> dict:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("GET", "/health")
-    return json.loads(conn.getresponse().read())
 
 
 def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, str], deadline: float) -> dict:
