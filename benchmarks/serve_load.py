@@ -16,7 +16,8 @@ starts (the server then has the cores to itself but for the clients):
 - alone: each of the first ``--alone`` lines translated by itself; the latency
   goal is a median at 1 client of at most 1.5x its median.
 
-Also reported: the server's peak resident memory (VmHWM) after the run.
+Also reported: the server's peak resident memory (VmHWM) after the run, and
+the sentences its continuous search held per step (from ``GET /health``).
 
     python benchmarks/serve_load.py -c runs/multi30k/average.pt --text ../shared/data/multi30k/test.en
     python benchmarks/serve_load.py -c CK --text FILE --quantize int8 --clients 1 8 32
@@ -144,8 +145,10 @@ def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, s
     after = health(port)
     answered = len(latencies)
     rounds = max(1, after["batches"] - before["batches"])
+    steps = max(1, after["steps"] - before["steps"])
     return {
         "lines_per_round": (after["lines"] - before["lines"]) / rounds,
+        "sentences_per_step": (after["sentence_steps"] - before["sentence_steps"]) / steps,
         "clients": clients, "sent": answered + lost, "answered": answered, "wrong": wrong, "lost": lost,
         "sentences_per_s": answered / wall, "p50_ms": 1000 * _quantile(latencies, 0.5),
         "p99_ms": 1000 * _quantile(latencies, 0.99),
@@ -191,12 +194,12 @@ def main() -> None:
     print(f"offline: {offline_rate:.1f} sentences/s over {len(lines)} lines; one line alone: p50 "
           f"{1000 * alone_s:.1f} ms; server exit {server.returncode}, peak RSS {rss:.0f} MiB")  # fmt: skip
     print(
-        "| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | lines/round | answered | wrong | lost |"
+        "| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step | answered | wrong | lost |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['clients']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / offline_rate:.2f}x | "
-              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['lines_per_round']:.1f} | {r['answered']} | "
+              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['sentences_per_step']:.1f} | {r['answered']} | "
               f"{r['wrong']} | {r['lost']} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"offline_sentences_per_s": offline_rate, "alone_p50_s": alone_s,

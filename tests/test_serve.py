@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.config import Config
-from transformer_mt.decode.translate import Translator
+from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.protocol import Job, Limits, RequestError, libre_response, parse_json, parse_libre, parse_v1
 
@@ -43,6 +43,14 @@ def alone(translator: Translator, lines: list[str]) -> dict[str, str]:
     return {line: translator.translate_lines([line])[0] for line in lines}
 
 
+def assert_same_translations(got: list[list[Translation]], want: list[list[Translation]]) -> None:
+    """The same texts, and the same scores to float rounding: a line's scores change in the last digits with the
+    lines it is batched with (BLAS sums in another order), in `tmt translate` too."""
+    assert [[t.text for t in hyps] for hyps in got] == [[t.text for t in hyps] for hyps in want]
+    scores = [x for hyps in got for t in hyps for x in (t.score, t.log_prob)]
+    assert scores == pytest.approx([x for hyps in want for t in hyps for x in (t.score, t.log_prob)], rel=1e-6)
+
+
 # -- protocol
 
 
@@ -52,8 +60,6 @@ def test_libre_request_shapes(translator: Translator) -> None:
     assert one.single and one.job.lines == ["a b"] and not one.detect
     doc = parse_libre({"q": ["x\ny", "", "z"], "source": "auto", "alternatives": 1}, cfg, Limits())
     assert doc.job.lines == ["x", "y", "", "z"] and doc.parts == [2, 1, 1] and doc.job.nbest == 2 and doc.detect
-    from transformer_mt.decode.translate import Translation
-
     results = [[Translation(t, -1.0, -2.0), Translation(t + "'", -2.0, -3.0)] for t in ("X", "Y", "", "Z")]
     answer = libre_response(doc, results, cfg)
     assert answer["translatedText"] == ["X\nY", "", "Z"]
@@ -169,7 +175,7 @@ def test_full_queue_and_shutdown(translator: Translator, lines) -> None:
 def test_the_clients_a_round_answered_are_awaited_together_and_a_lone_one_is_not_kept(
     translator: Translator, lines, alone
 ) -> None:
-    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8)
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8, continuous=False)
     first = [batcher.submit(Job([line])) for line in lines[:3]]  # queued before the worker starts: one round
     batcher.start()
     try:
@@ -184,13 +190,65 @@ def test_the_clients_a_round_answered_are_awaited_together_and_a_lone_one_is_not
     finally:
         batcher.close()
     # one client: each request is translated at once, not after the minute of max_wait
-    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8)
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=60_000, queue_size=8, continuous=False)
     batcher.start()
     try:
         for line in lines[6:9]:
             assert batcher.submit(Job([line])).result(timeout=20)[0][0].text == alone[line]
     finally:
         batcher.close()
+
+
+def test_requests_join_the_running_search(translator: Translator, lines, alone) -> None:
+    """A request queued while the search runs joins it at the next step, beside the lines already in it, and
+    every line still gets `tmt translate`'s translation of it alone."""
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=0, queue_size=8)
+    assert batcher.search is not None
+    active: list[int] = []
+    later = []
+
+    def after_step() -> None:  # on the worker, after each step: the second request comes after the first step
+        active.append(batcher.search.active)
+        if len(active) == 1:
+            later.append(batcher.submit(Job(lines[4:6])))
+
+    batcher.search.after_step = after_step
+    first = batcher.submit(Job(lines[:4]))
+    batcher.start()
+    try:
+        assert [h[0].text for h in first.result(timeout=60)] == [alone[line] for line in lines[:4]]
+        assert [h[0].text for h in later[0].result(timeout=60)] == [alone[line] for line in lines[4:6]]
+    finally:
+        batcher.close()
+    assert active[0] == 4 and max(active) > 4  # the second request's lines ran beside the first's
+    assert batcher.stats.batches == 2 and batcher.stats.steps == len(active)
+    assert batcher.stats.sentence_steps == sum(active)  # each step counts the sentences it held
+
+
+def test_a_failing_step_fails_the_requests_in_the_search_and_the_worker_goes_on(
+    translator: Translator, lines, alone
+) -> None:
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=0, queue_size=8)
+    assert batcher.search is not None
+    calls = []
+
+    def after_step() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a step failed")
+
+    batcher.search.after_step = after_step
+    doomed = batcher.submit(Job(lines[:2]))
+    batcher.start()
+    try:
+        with pytest.raises(RuntimeError, match="a step failed"):
+            doomed.result(timeout=60)
+        assert [h[0].text for h in batcher.submit(Job(lines[2:4])).result(timeout=60)] == [
+            alone[line] for line in lines[2:4]
+        ]
+    finally:
+        batcher.close()
+    assert batcher.stats.errors == 1
 
 
 def test_a_failing_request_leaves_the_worker_alive(translator: Translator, lines, alone) -> None:
@@ -427,7 +485,7 @@ def test_v1_constraints_are_translate_constraints_whatever_shares_the_round(
     with_c = batcher.submit(Job(lines[:3], nbest=2, constraints=constraints))
     without = batcher.submit(Job(lines[:3], nbest=2))
     assert [[h.text for h in t] for t in with_c.result(timeout=60)] == [[h.text for h in e] for e in expected]
-    assert without.result(timeout=60) == translator.translate_lines_nbest(lines[:3], nbest=2)
+    assert_same_translations(without.result(timeout=60), translator.translate_lines_nbest(lines[:3], nbest=2))
     r = client.post("/v1/translate", json={"sources": lines[:3], "constraints": constraints, "nbest": 2})
     assert r.status_code == 200, r.text
     got = r.json()["translations"]

@@ -737,16 +737,18 @@ MaxBatchTokensOpt = Annotated[
     int | None,
     typer.Option(
         "--max-batch-tokens",
-        help="Source tokens the worker gathers from concurrent requests into one round, and the padded tokens "
-        "per beam-search batch (decode.batch_tokens; default: the checkpoint's).",
+        help="Source tokens the running search holds at most (requests wait to join it beyond), the worker's "
+        "rounds gather, and a beam-search batch pads to (decode.batch_tokens; default: the checkpoint's).",
     ),
 ]
 MaxWaitMsOpt = Annotated[
     float,
     typer.Option(
         "--max-wait-ms",
-        help="How long the worker waits for the requests it expects to join a round (ms): as many as its last "
-        "round answered plus those that queued meanwhile; a lone client is never kept waiting.",
+        help="For requests decoded in rounds (their own beam or len_penalty, prefixes, constraints, --engine "
+        "ctranslate2): how long the worker waits for the requests it expects to join a round (ms): as many as "
+        "its last round answered plus those that queued meanwhile. Other requests join the running search at "
+        "its next step, never waiting.",
     ),
 ]
 QueueOpt = Annotated[
@@ -784,8 +786,9 @@ def serve(
     unchanged; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in
-    order. One worker owns the model and batches the lines of concurrent
-    requests; each line's translation equals `tmt translate`'s. SIGTERM or
+    order. One worker owns the model; the lines of concurrent requests join
+    one running beam search at its next step (continuous batching), and
+    each line's translation equals `tmt translate`'s. SIGTERM or
     Ctrl-C answers what is in flight, then exits 0. Needs the serve extra:
     pip install "transformer_mt\\[serve]".
 

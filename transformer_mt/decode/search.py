@@ -207,7 +207,7 @@ class _Finished:
     """The best finished hypotheses of every sentence, at most k each, best first."""
 
     k: int
-    hyps: list[list[Hypothesis]]
+    hyps: list[list[Hypothesis]] | dict[int, list[Hypothesis]]  # by sentence: its index in the batch, or an id
 
     def add(self, sentence: int, hyp: Hypothesis) -> None:
         kept = self.hyps[sentence]
@@ -403,23 +403,31 @@ def _collect_finished(
     cand_scores: Tensor,
     cand_beam: Tensor,
     cand_token: Tensor,
-    step: int,
+    step: int | Tensor,
     alpha: float,
     form: Literal["gnmt", "fairseq"],
+    bos: Tensor | None = None,
 ) -> None:
-    """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included."""
+    """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included.
+
+    ``step`` and ``bos`` (the column of ``beams.tokens`` holding BOS, 0 when None) may be one per sentence (n,),
+    for sentences that joined a running search at different steps (`transformer_mt.decode.continuous`).
+    """
     k = finished.k
     is_eos = (cand_token[:, :k] == EOS) & torch.isfinite(cand_scores[:, :k])  # (n, k)
     found = is_eos.nonzero()  # (f, 2): sentence position and rank of every finished candidate
     if found.numel() == 0:
         return
-    penalty = float(length_penalty(float(step + 1), alpha, form))
     i, j = found.unbind(1)
     rows = i * beams.width + cand_beam[i, j]  # (f,) the beam row each one extends
     # the candidates' data to Python in one conversion each, not a few tensor reads per hypothesis
     sentences, log_probs = beams.sent[i].tolist(), cand_scores[i, j].tolist()
-    for sentence, log_prob, tokens in zip(sentences, log_probs, beams.tokens[rows, 1:].tolist(), strict=True):
-        finished.add(sentence, Hypothesis(tokens, log_prob / penalty, log_prob))
+    steps = [step] * len(sentences) if isinstance(step, int) else step[i].tolist()
+    firsts = [1] * len(sentences) if bos is None else (bos[i] + 1).tolist()
+    found_tokens = beams.tokens[rows].tolist()
+    for sentence, log_prob, t, first, tokens in zip(sentences, log_probs, steps, firsts, found_tokens, strict=True):
+        penalty = float(length_penalty(float(t + 1), alpha, form))
+        finished.add(sentence, Hypothesis(tokens[first:], log_prob / penalty, log_prob))
 
 
 def _select_live(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -433,17 +441,17 @@ def _sentences_done(
     finished: _Finished,
     beams: _Beams,
     live_scores: Tensor,
-    step: int,
+    step: int | Tensor,
     alpha: float,
     form: Literal["gnmt", "fairseq"],
     stopping: Literal["exact", "k_finished"] = "exact",
 ) -> Tensor:
     """(n,) bool: the sentences whose result can no longer change, or with ``k_finished`` the sentences with k
-    finished hypotheses (module docstring, rule 4)."""
+    finished hypotheses (module docstring, rule 4). ``step`` may be one per sentence (n,)."""
     k = finished.k
     best_live = live_scores[:, 0].double()  # (n,) raw log-probabilities, -inf when nothing is live
     t = step + 1  # tokens of the live hypotheses after this step
-    lp_now = length_penalty(torch.tensor(float(t + 1), dtype=torch.float64), alpha, form)
+    lp_now = length_penalty(torch.as_tensor(t + 1, dtype=torch.float64), alpha, form)
     lp_max = length_penalty(beams.max_len.double() + 1.0, alpha, form)
     bound = best_live / torch.maximum(lp_max, lp_now)  # (n,) best normalized score a live one could reach
     worst = torch.tensor([finished.kth_score(s) for s in beams.sent.tolist()], dtype=torch.float64)

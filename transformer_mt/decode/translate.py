@@ -43,6 +43,7 @@ from transformer_mt.decode.constrained import (
     split_constraints,
     word_continuations,
 )
+from transformer_mt.decode.continuous import ContinuousSearch
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
 from transformer_mt.decode.sampling import sample_search
@@ -312,15 +313,34 @@ class Translator:
             else:
                 found = self._constrained_search(sources, phrases[0], nbest, phrases[1])
             aligned = self._alignments(sources, found)
-        empty_alignment = None if self.cfg.decode.alignment == "none" else ""
-        results = []
-        for hyps, lines in zip(found, aligned, strict=True):
-            done = [
-                Translation(self.bpe.decode(h.tokens), h.score, h.log_prob, a) for h, a in zip(hyps, lines, strict=True)
-            ]
-            missing = Translation("", float("-inf"), float("-inf"), empty_alignment)
-            results.append(done + [missing] * (nbest - len(done)))
-        return results
+        return [self.translations(hyps, nbest, lines) for hyps, lines in zip(found, aligned, strict=True)]
+
+    def translations(
+        self, hyps: Sequence[Hypothesis], nbest: int, alignments: Sequence[str | None] | None = None
+    ) -> list[Translation]:
+        """The first ``nbest`` of a line's hypotheses as text, with their ``alignments``; a search that found
+        fewer is filled up with empty translations of score -inf."""
+        lines = alignments if alignments is not None else [None] * len(hyps)
+        done = [
+            Translation(self.bpe.decode(h.tokens), h.score, h.log_prob, a)
+            for h, a in zip(hyps[:nbest], lines, strict=False)
+        ]
+        missing = Translation("", float("-inf"), float("-inf"), None if self.cfg.decode.alignment == "none" else "")
+        return done + [missing] * (nbest - len(done))
+
+    def continuous_search(self) -> ContinuousSearch | None:
+        """A search that sentences join while it runs (`transformer_mt.decode.continuous`), with this
+        translator's settings, for `tmt serve`; None where they need whole batches: another engine, an
+        ensemble, sampling, word alignments or constraints."""
+        d = self.cfg.decode
+        if self.engine_search is not None or not isinstance(self.model, Transformer) or self.constraints:
+            return None
+        if d.sampling != "none" or d.alignment != "none":
+            return None
+        return ContinuousSearch(
+            self.model, d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_a, d.max_len_b,
+            self.cfg.model.max_positions, d.no_repeat_ngram, d.stopping, after_step=self.freed.check,
+        )  # fmt: skip
 
     def translate_constrained(self, lines: Sequence[str], nbest: int, start: int = 0) -> list[list[Translation]]:
         """`translate_lines_nbest` of ``source<TAB>phrase<TAB>...`` lines: each translation holds every phrase.

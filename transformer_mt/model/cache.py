@@ -27,6 +27,14 @@ attention itself. This cache copies nothing when beams are reordered:
 
 Masked entries get exactly zero attention weight, so each hypothesis attends
 to the same keys and values, at the same positions, as with per-row copies.
+
+Sentences may also join a running search (`transformer_mt.decode.continuous`):
+`DecoderCache.join` appends them at the current position, which becomes
+their start (``starts``). A sentence's queries see nothing before its start
+(the mask), its positions count from it (`DecoderCache.offsets`), and the
+positions before every sentence's start are dropped once they are half the
+cache (`DecoderCache.make_room`), so a server's buffers stay within about
+twice its oldest sentence's length instead of growing with its uptime.
 """
 
 from __future__ import annotations
@@ -83,6 +91,33 @@ class LayerCache:
             self.self_k = _keep_rows(self.self_k, sentences, moved, length)
             self.self_v = _keep_rows(self.self_v, sentences, moved, length)
 
+    def join(self, other: LayerCache, length: int) -> None:
+        """Append ``other``'s sentences (a fresh cache, nothing written yet) behind these, which have written
+        ``length`` positions; the longer source sets the cross-attention width (`DecoderCache.join`).
+
+        Their self-attention entries before ``length`` are zeroed (masked, never NaN); rows come from the room
+        `_keep_rows` left in the buffers when there is some, so joins rarely allocate.
+        """
+        n, m = self.cross_k.shape[0], other.cross_k.shape[0]
+        width = max(self.cross_k.shape[2], other.cross_k.shape[2])
+        for name in ("cross_k", "cross_v"):
+            mine = _with_rows(_widened(getattr(self, name), width), n + m)
+            mine[n:] = _widened(getattr(other, name), width)
+            setattr(self, name, mine)
+        for name in ("self_k", "self_v"):
+            buffer = getattr(self, name)
+            if buffer is not None:
+                grown = _with_rows(buffer, n + m, length)
+                grown[n:, :, :length] = 0.0
+                setattr(self, name, grown)
+
+    def drop_front(self, dropped: int, length: int) -> None:
+        """Move positions [dropped:length] of the self-attention buffers to the front (`DecoderCache.make_room`)."""
+        for name in ("self_k", "self_v"):
+            buffer = getattr(self, name)
+            if buffer is not None:
+                buffer[:, :, : length - dropped] = buffer[:, :, dropped:length].clone()
+
     def widen(self, beams: int, length: int) -> None:
         """Room for ``beams`` slots per position; the ``length`` positions written so far keep their slots.
 
@@ -119,6 +154,31 @@ def _keep_rows(buffer: Tensor, rows: Tensor, moved: Tensor, length: int | None =
     kept = buffer.new_empty(rows.numel(), *buffer.shape[1:])
     torch.index_select(buffer[(slice(None), *positions)], 0, rows, out=kept[(slice(None), *positions)])
     return kept
+
+
+def _with_rows(buffer: Tensor, rows: int, length: int | None = None) -> Tensor:
+    """``buffer`` with ``rows`` rows (dim 0), its first rows kept: a view of its own memory when that has room
+    (the rows `_keep_rows` let go), else a new buffer of at least twice the rows. Rows past the old ones are
+    unwritten; a self-attention buffer copies only its ``length`` written positions."""
+    have = buffer.shape[0]
+    if rows <= have:
+        return buffer[:rows]
+    room = (buffer.untyped_storage().nbytes() // buffer.element_size() - buffer.storage_offset()) // buffer.stride(0)
+    if buffer.is_contiguous() and buffer.stride(0) == buffer[0].numel() and rows <= room:
+        return buffer.as_strided((rows, *buffer.shape[1:]), buffer.stride())
+    grown = buffer.new_empty(max(rows, 2 * have), *buffer.shape[1:])
+    positions = (slice(None), slice(None), slice(0, length))  # all of a cross-attention buffer
+    grown[:have][positions] = buffer[positions]
+    return grown[:rows]
+
+
+def _widened(buffer: Tensor, width: int) -> Tensor:
+    """A cross-attention buffer (n, H, S, Dh) zero-padded to ``width`` source positions (masked by the caller)."""
+    if buffer.shape[2] >= width:
+        return buffer
+    wide = buffer.new_zeros(*buffer.shape[:2], width, buffer.shape[3])
+    wide[:, :, : buffer.shape[2]] = buffer
+    return wide
 
 
 def _regrown(buffer: Tensor, positions: int, slots: int, length: int) -> Tensor:
@@ -164,6 +224,7 @@ class DecoderCache:
     beams: int  # k: rows per sentence
     ancestry: Tensor  # (n, k, length) long: the slot holding each position of each beam's history
     capacity: int = MIN_CAPACITY  # target positions to allocate at the first step (more are added by doubling)
+    starts: Tensor | None = None  # (n,) long: the position of each sentence's BOS (`join`); None: all 0
 
     @property
     def length(self) -> int:
@@ -183,14 +244,63 @@ class DecoderCache:
         history of beam b (its own slot for the new positions).
         """
         n, k, length = self.ancestry.shape
-        if k == 1 and new == 1:
+        if k == 1 and new == 1 and self.starts is None:
             return Step(length, k, None, self.capacity)  # one query per sentence, its whole history: no mask
         slots = torch.arange(k, device=self.ancestry.device)
         history = self._history(new)[:, :, None, :, None] == slots  # (n, k, 1, length+new, k)
         positions = torch.arange(length + new, device=self.ancestry.device)
         causal = positions[None, :] <= (length + positions[:new])[:, None]  # (new, length+new)
         mask = history & causal[None, None, :, :, None]  # (n, k, new, length+new, k)
+        if self.starts is not None:  # nothing before a sentence's own BOS
+            mask &= (positions >= self.starts[:, None])[:, None, None, :, None]
         return Step(length, k, additive_mask(mask.view(n, 1, k * new, (length + new) * k)), self.capacity)
+
+    def offsets(self) -> int | Tensor:
+        """The position of the next step's first new entry in each row's own sequence: ``length``, or with
+        ``starts`` (rows,) ``length`` minus its sentence's start."""
+        if self.starts is None:
+            return self.length
+        return (self.length - self.starts).repeat_interleave(self.beams)
+
+    def join(self, other: DecoderCache) -> DecoderCache:
+        """Append the sentences of ``other`` (a fresh cache of as many beams, nothing decoded yet), starting at
+        the current position; in place, returns self. Rows of the next `decode` are these sentences', then
+        ``other``'s. The cross-attention width becomes the longer source's, padding masked."""
+        if other.length or other.beams != self.beams:
+            raise ValueError(
+                f"join takes a fresh cache of {self.beams} beams, got {other.beams} beams, length {other.length}"
+            )
+        n, m, length = self.ancestry.shape[0], other.ancestry.shape[0], self.length
+        width = max(self.layers[0].cross_k.shape[2], other.layers[0].cross_k.shape[2])
+        device = self.ancestry.device
+        masks = [_padded_mask(c.cross_mask, c.layers[0].cross_k, width) for c in (self, other)]
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.join(theirs, length)
+        self.cross_mask = torch.cat(masks)
+        starts = torch.zeros(n, dtype=torch.long, device=device) if self.starts is None else self.starts
+        self.starts = torch.cat([starts, torch.full((m,), length, dtype=torch.long, device=device)])
+        past = torch.zeros(m, self.beams, length, dtype=torch.long, device=device)  # masked: before their start
+        self.ancestry = torch.cat([self.ancestry, past])
+        return self
+
+    def make_room(self) -> int:
+        """Drop the positions before every sentence's start, which no query reads any more, once they are half
+        of the positions cached (each step's self-attention reads them all, masked). Returns how many were
+        dropped: the caller's position-aligned state drops as many. Without it, a search that sentences keep
+        joining would grow its buffers, and each step's attention, with its lifetime; so attention reads at
+        most twice the positions of its oldest sentence, and the copy happens at most once per that many steps.
+        """
+        buffer = self.layers[0].self_k
+        if self.starts is None or buffer is None:
+            return 0
+        dropped = int(self.starts.min())
+        if dropped == 0 or 2 * dropped < self.length:
+            return 0
+        for layer in self.layers:
+            layer.drop_front(dropped, self.length)
+        self.ancestry = self.ancestry[:, :, dropped:]
+        self.starts = self.starts - dropped
+        return dropped
 
     def advance(self, new: int) -> None:
         """Record ``new`` positions written by every layer, each beam in its own slot."""
@@ -226,11 +336,22 @@ class DecoderCache:
                 layer.keep_sentences(sentences, moved, length)
             if self.cross_mask is not None:
                 self.cross_mask = self.cross_mask.index_select(0, sentences)
+            if self.starts is not None:
+                self.starts = self.starts.index_select(0, sentences)
         if wider > k:
             for layer in self.layers:
                 layer.widen(wider, length)
             self.beams = wider
         return self
+
+
+def _padded_mask(mask: Tensor | None, cross_k: Tensor, wider: int) -> Tensor:
+    """The cross-attention mask of keys ``cross_k`` (n, H, S, Dh), (n, 1, 1, S) or None for no padding, as
+    (n, 1, 1, wider): -inf past S."""
+    n, _, width, _ = cross_k.shape
+    padded = torch.full((n, 1, 1, wider), float("-inf"), device=cross_k.device)
+    padded[..., :width] = 0.0 if mask is None else mask
+    return padded
 
 
 def _check_within_sentences(index: Tensor, kept: Tensor, k: int, wider: int) -> None:

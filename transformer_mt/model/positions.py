@@ -36,6 +36,16 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     return pe.float()
 
 
+def take(table: Tensor, length: int, offset: int | Tensor) -> Tensor:
+    """Rows offset .. offset+length-1 of a position ``table``: (length, D); with one offset per sequence
+    (``offset`` a LongTensor (B,), sentences that joined a running search at different steps), (B, length, D)."""
+    if isinstance(offset, Tensor):
+        check_length(int(offset.max()) + length, table.shape[0])
+        return table[offset[:, None] + torch.arange(length, device=offset.device)]
+    check_length(offset + length, table.shape[0])
+    return table[offset : offset + length]
+
+
 def check_length(end: int, max_positions: int) -> None:
     """Refuse positions past the table: a clear error instead of an index error deep inside."""
     if end > max_positions:
@@ -55,10 +65,9 @@ class SinusoidalPositions(nn.Module):
         self.max_positions = max_positions
         self.register_buffer("table", sinusoidal_positions(max_positions, d_model), persistent=False)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """Encodings of positions offset .. offset+length-1, shape (length, D)."""
-        check_length(offset + length, self.max_positions)
-        return self.table[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """Encodings of positions offset .. offset+length-1, shape (length, D); per-sequence offsets: `take`."""
+        return take(self.table, length, offset)
 
 
 class LearnedPositions(nn.Module):
@@ -70,7 +79,6 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """Vectors of positions offset .. offset+length-1, shape (length, D)."""
-        check_length(offset + length, self.max_positions)
-        return self.weight[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """Vectors of positions offset .. offset+length-1, shape (length, D); per-sequence offsets: `take`."""
+        return take(self.weight, length, offset)

@@ -236,10 +236,12 @@ class Transformer(nn.Module):
                 with torch.no_grad():
                     m.weight[self.pad_id].zero_()
 
-    def _embed(self, table: nn.Embedding, tokens: Tensor, offset: int, packing: Packing | None = None) -> Tensor:
+    def _embed(
+        self, table: nn.Embedding, tokens: Tensor, offset: int | Tensor, packing: Packing | None = None
+    ) -> Tensor:
         """Dropout(sqrt(d_model) * E[tokens] + PE[offset:offset+T]): (B, T) -> (B, T, D), or (N, D) for the
-        real tokens of ``packing``."""
-        positions = self.positions(tokens.shape[1], offset)  # (T, D)
+        real tokens of ``packing``; ``offset`` may be one per row (B,) (`DecoderCache.offsets`)."""
+        positions = self.positions(tokens.shape[1], offset)  # (T, D), or (B, T, D)
         if packing is not None:
             tokens, positions = packing.pack(tokens), positions.index_select(0, packing.cols)
         x = table(tokens) * self.embed_scale  # (B, T, D) or (N, D)
@@ -296,7 +298,7 @@ class Transformer(nn.Module):
         cross-attention state is read from the cache, not from `enc`. With
         ``maps``, the attention weights are appended to ``maps.decoder`` and ``maps.cross``.
         """
-        offset = 0 if cache is None else cache.length
+        offset = 0 if cache is None else cache.offsets()
         if pack and cache is not None:
             raise ValueError("decode packs the target in teacher forcing only, not with a cache")
         if cache is not None and cache.rows != tgt_in.shape[0]:

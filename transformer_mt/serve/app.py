@@ -177,7 +177,8 @@ class _Handlers:
             "quantize": info.quantize, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
             "queue_depth": batcher.depth(), "uptime_s": round(time.monotonic() - info.started, 1),
             "requests": batcher.stats.requests, "lines": batcher.stats.lines, "batches": batcher.stats.batches,
-            "errors": batcher.stats.errors,
+            "errors": batcher.stats.errors, "steps": batcher.stats.steps,
+            "sentence_steps": batcher.stats.sentence_steps,
             "decode": {"beam": cfg.decode.beam_size, "len_penalty": cfg.decode.len_penalty,
                        "len_penalty_form": cfg.decode.len_penalty_form},
         })  # fmt: skip

@@ -2,20 +2,29 @@
 
 Requests arrive one by one on the event loop; a beam search is much cheaper
 per line over many lines at once. `Batcher.submit` queues a request's lines
-and returns a future at once; the worker takes the oldest request and what
-is queued behind it and, while fewer have come than it expects (`_gather`),
-waits at most ``max_wait_ms`` for more; never past ``max_batch_tokens``
-source tokens. It translates what it gathered with `Translator.translate_lines_nbest`,
-which batches by length and puts every line's result back in its place.
-Each request's future then gets exactly its own lines' results, in order,
-whatever else shared the batch: with tmt's fp32 search a line's translation
-does not depend on its batch, so it equals `tmt translate`'s.
+and returns a future at once. Each future gets exactly its own lines'
+results, in order, whatever else shared the search: with tmt's fp32 search a
+line's translation does not depend on its batch, so it equals `tmt
+translate`'s.
 
-Requests with other decoding settings (a ``beam`` or ``len_penalty`` of
-their own) are translated in a group of their own within the same round;
-forced prefixes travel with their lines (a line without one: ""), and
-requests with constraints form groups of their own
-(`Translator.translate_constrained`).
+With tmt's own search and the server's decoding settings, the batch is
+continuous (`transformer_mt.decode.continuous`): at every step the worker
+takes what has been queued, lets its lines join the running search (while
+the search holds fewer than ``max_batch_tokens`` source tokens), and answers
+each request the step its last line is done. A client that sends its next
+sentence right after an answer joins at the next step instead of waiting
+for a whole round to end, and a short sentence never waits behind a long
+one (benchmarks/README.md, "Serving": 8 single-sentence clients 28 to 34
+sentences/s, 32 clients 51 to 56).
+
+Requests that need whole batches (a ``beam`` or ``len_penalty`` of their
+own, forced prefixes, constraints; every request with ``--engine
+ctranslate2``) are translated in rounds between steps: the worker takes the
+oldest and what is queued behind it and, while fewer have come than it
+expects (`_gather`), waits at most ``max_wait_ms`` for more; never past
+``max_batch_tokens`` source tokens. It translates them with
+`Translator.translate_lines_nbest`, one group per decoding setting;
+constraints form groups of their own (`Translator.translate_constrained`).
 Model work never runs on the event loop, and the worker survives any error:
 the failed group's futures get the exception, the others their results.
 """
@@ -25,12 +34,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformer_mt.data.clean import normalize
+from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.serve.protocol import Job
 
@@ -51,20 +62,44 @@ class _Pending:
     call: Callable[[], Any] | None = None
 
 
+@dataclass(eq=False)
+class _Joined:
+    """A request whose lines are in (or waiting for) the continuous search: its results as they come."""
+
+    pending: _Pending
+    sources: list[list[int]]  # the ids of the lines still to join the search (emptied when they join)
+    results: list[list[Translation] | None]
+    left: int  # lines not answered yet
+    todo: list[int] = field(default_factory=list)  # the lines in ``sources``
+
+    @property
+    def tokens(self) -> int:
+        return sum(map(len, self.sources))
+
+
 @dataclass
 class Stats:
     """What `GET /health` reports about the worker."""
 
     requests: int = 0
     lines: int = 0
-    batches: int = 0
+    batches: int = 0  # rounds, and joins of the continuous search (each took in new requests)
     errors: int = 0
+    steps: int = 0  # steps of the continuous search
+    sentence_steps: int = 0  # sentences in the continuous search, summed over its steps
 
 
 class Batcher:
     """The queue and the one worker; `start` it on a thread (or `run` it), `submit` jobs, `close` to finish."""
 
-    def __init__(self, translator: Translator, max_batch_tokens: int, max_wait_ms: float, queue_size: int) -> None:
+    def __init__(
+        self,
+        translator: Translator,
+        max_batch_tokens: int,
+        max_wait_ms: float,
+        queue_size: int,
+        continuous: bool = True,
+    ) -> None:
         self.translator = translator
         self.translator.show_progress = False
         self.max_batch_tokens = max_batch_tokens
@@ -75,6 +110,9 @@ class Batcher:
         self._finished = threading.Event()
         self._lock = threading.Lock()  # submit's check of _closed and its put, against close's
         self._expected = 1  # requests the worker waits for, within max_wait (`_gather`)
+        # None: every request in rounds (another engine, or settings that need whole batches; `continuous_search`)
+        self.search = translator.continuous_search() if continuous else None
+        self._waiting: deque[_Joined] = deque()  # requests for the continuous search, not in it yet
 
     def start(self) -> None:
         """Run the worker (`run`) on a thread of its own."""
@@ -128,6 +166,18 @@ class Batcher:
     # -- the worker thread
 
     def _run(self) -> None:
+        if self.search is None:
+            return self._run_rounds()
+        stop = False
+        while not stop or self.search.active or self._waiting:
+            if not stop:
+                stop = self._take(block=not self.search.active and not self._waiting)
+            self._join()
+            if self.search.active:
+                self._step()
+        return None
+
+    def _run_rounds(self) -> None:
         stop = False
         while not stop:
             first = self.queue.get()
@@ -137,6 +187,92 @@ class Batcher:
             self._translate(round_)
             # the clients just answered, likely to send again, and those that queued meanwhile
             self._expected = max(1, sum(pending.job is not None for pending in round_) + self.queue.qsize())
+
+    # -- the continuous search
+
+    def _take(self, block: bool) -> bool:
+        """Take what is queued (waiting for the first when ``block``): lines for the continuous search wait to
+        join it; the other requests are translated in a round now. True once the queue's end (close) is seen."""
+        try:
+            item = self.queue.get() if block else self.queue.get_nowait()
+        except queue.Empty:
+            return False
+        taken: list[_Pending] = []
+        while item is not None:
+            taken.append(item)
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+        rounds = [pending for pending in taken if not self._joins(pending)]
+        if rounds:
+            self._translate(rounds)
+        return item is None
+
+    def _joins(self, pending: _Pending) -> bool:
+        """Queue ``pending`` to join the continuous search, if it can: a request with the server's settings."""
+        job = pending.job
+        if job is None or job.overrides or job.constraints is not None or any(job.prefixes or []):
+            return False
+        if not 1 <= job.nbest <= self.translator.cfg.decode.beam_size:
+            return False  # the round refuses it, with translate's message
+        if not pending.future.set_running_or_notify_cancel():
+            return True  # cancelled: nothing to do
+        sources = [self.translator.encode(i, line) for i, line in enumerate(job.lines)]
+        empty = [Translation("", 0.0, 0.0)] * job.nbest
+        todo = [i for i, ids in enumerate(sources) if ids]
+        results: list[list[Translation] | None] = [None if ids else empty for ids in sources]
+        joined = _Joined(pending, [sources[i] for i in todo], results, len(todo), todo)
+        if todo:
+            self._waiting.append(joined)
+        else:
+            self._answer(joined)
+        return True
+
+    def _join(self) -> None:
+        """Let the waiting requests join the search, oldest first, while it holds fewer than max_batch_tokens
+        source tokens (one request always: an empty search takes the oldest whatever its length)."""
+        sources: list[list[int]] = []
+        keys: list[tuple[_Joined, int]] = []
+        load = self.search.load if self.search is not None else 0
+        while self._waiting and (not load or load + self._waiting[0].tokens <= self.max_batch_tokens):
+            joined = self._waiting.popleft()
+            load += joined.tokens
+            sources += joined.sources
+            keys += [(joined, i) for i in joined.todo]
+            joined.sources = []
+        if sources and self.search is not None:
+            self.search.add(sources, keys)
+            self.stats.batches += 1
+
+    def _step(self) -> None:
+        """One step of the search; the requests whose last line is done now get their results. A failed step
+        fails every request in the search, and the worker goes on."""
+        assert self.search is not None
+        active = self.search.active
+        try:
+            done: list[tuple[Any, list[Hypothesis]]] = self.search.step()
+        except BaseException as err:  # the worker must outlive any request: their futures carry the error
+            self.stats.errors += 1
+            for joined in {key[0] for key in self.search.clear()}:
+                joined.pending.future.set_exception(err)
+            return
+        self.stats.steps += 1
+        self.stats.sentence_steps += active
+        for (joined, line), hyps in done:
+            joined.results[line] = self.translator.translations(hyps, joined.pending.job.nbest)
+            joined.left -= 1
+            if joined.left == 0:
+                self._answer(joined)
+        if not self.search.active:
+            self.translator.freed.release()  # what the search freed goes back to the system while idle
+
+    def _answer(self, joined: _Joined) -> None:
+        joined.pending.future.set_result(joined.results)
+        self.stats.requests += 1
+        self.stats.lines += len(joined.results)
+
+    # -- rounds
 
     def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
         """``first``, what is queued already and, while fewer requests have come than expected, what arrives
