@@ -251,6 +251,27 @@ def test_a_failing_step_fails_the_requests_in_the_search_and_the_worker_goes_on(
     assert batcher.stats.errors == 1
 
 
+def test_a_failing_join_fails_its_requests_and_the_worker_goes_on(translator: Translator, lines, alone) -> None:
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=0, queue_size=8)
+    assert batcher.search is not None
+    add = batcher.search.add
+
+    def add_once_out_of_memory(sources, keys) -> None:  # the first join fails, as an allocation would
+        batcher.search.add = add
+        raise MemoryError("no memory for the join")
+
+    batcher.search.add = add_once_out_of_memory
+    doomed = batcher.submit(Job(lines[:2]))
+    batcher.start()
+    try:
+        with pytest.raises(MemoryError, match="no memory"):
+            doomed.result(timeout=60)
+        assert [h[0].text for h in batcher.submit(Job(lines[2:3])).result(timeout=60)] == [alone[lines[2]]]
+    finally:
+        batcher.close()
+    assert batcher.stats.errors == 1 and batcher.search.active == 0
+
+
 def test_a_failing_request_leaves_the_worker_alive(translator: Translator, lines, alone) -> None:
     batcher = Batcher(translator, max_batch_tokens=100, max_wait_ms=0, queue_size=8)
     batcher.start()

@@ -101,7 +101,10 @@ class ContinuousSearch:
 
     @torch.no_grad()
     def add(self, sources: Sequence[Sequence[int]], keys: Sequence[Hashable]) -> None:
-        """Let ``sources`` (ids ending in EOS, none empty) join the search at its next step, named ``keys``."""
+        """Let ``sources`` (ids ending in EOS, none empty) join the search at its next step, named ``keys``.
+
+        When it raises (out of memory), the search may hold half of the new sentences: `clear` it.
+        """
         if len(sources) != len(keys):
             raise ValueError(f"add got {len(sources)} sources and {len(keys)} keys")
         if not sources:
@@ -110,9 +113,6 @@ class ContinuousSearch:
         src = pad_batch(sources).to(device)
         m, k = len(sources), self.k
         ids = torch.arange(self._next_id, self._next_id + m, device=device)
-        for i, key, source in zip(ids.tolist(), keys, sources, strict=True):
-            self.keys[i], self.source_tokens[i], self.finished.hyps[i] = key, len(source), []
-        self._next_id += m
         cache = self.model.init_cache(self.model.encode(src), beams=k)
         scores = torch.full((m, k), NEG_INF, device=device)
         scores[:, 0] = 0.0  # one live hypothesis (BOS) per sentence; its first step fills the other beams
@@ -121,16 +121,19 @@ class ContinuousSearch:
             cache.starts = torch.zeros(m, dtype=torch.long, device=device)
             tokens = torch.full((m * k, 1), BOS, dtype=torch.long, device=device)
             self.beams = _Beams(ids, max_len, tokens, scores, None, cache)
-            return
-        b = self.beams
-        columns = b.tokens.shape[1]  # the cache length + 1: the new sentences' BOS goes in the last column
-        joined = torch.full((m * k, columns), PAD, dtype=torch.long, device=device)
-        joined[:, -1] = BOS
-        b.cache.join(cache)
-        self.beams = _Beams(
-            torch.cat([b.sent, ids]), torch.cat([b.max_len, max_len]), torch.cat([b.tokens, joined]),
-            torch.cat([b.scores, scores]), None, b.cache,
-        )  # fmt: skip
+        else:
+            b = self.beams
+            columns = b.tokens.shape[1]  # the cache length + 1: the new sentences' BOS goes in the last column
+            joined = torch.full((m * k, columns), PAD, dtype=torch.long, device=device)
+            joined[:, -1] = BOS
+            b.cache.join(cache)
+            self.beams = _Beams(
+                torch.cat([b.sent, ids]), torch.cat([b.max_len, max_len]), torch.cat([b.tokens, joined]),
+                torch.cat([b.scores, scores]), None, b.cache,
+            )  # fmt: skip
+        for i, key, source in zip(ids.tolist(), keys, sources, strict=True):  # last: only sentences with rows
+            self.keys[i], self.source_tokens[i], self.finished.hyps[i] = key, len(source), []
+        self._next_id += m
 
     @torch.no_grad()
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:

@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,9 +241,14 @@ class Batcher:
             sources += joined.sources
             keys += [(joined, i) for i in joined.todo]
             joined.sources = []
-        if sources and self.search is not None:
+        if not sources or self.search is None:
+            return
+        try:
             self.search.add(sources, keys)
-            self.stats.batches += 1
+        except BaseException as err:  # out of memory: the search may hold half of them, so it starts afresh
+            self._fail(err, [key[0] for key in keys])
+            return
+        self.stats.batches += 1
 
     def _step(self) -> None:
         """One step of the search; the requests whose last line is done now get their results. A failed step
@@ -253,9 +258,7 @@ class Batcher:
         try:
             done: list[tuple[Any, list[Hypothesis]]] = self.search.step()
         except BaseException as err:  # the worker must outlive any request: their futures carry the error
-            self.stats.errors += 1
-            for joined in {key[0] for key in self.search.clear()}:
-                joined.pending.future.set_exception(err)
+            self._fail(err)
             return
         self.stats.steps += 1
         self.stats.sentence_steps += active
@@ -266,6 +269,15 @@ class Batcher:
                 self._answer(joined)
         if not self.search.active:
             self.translator.freed.release()  # what the search freed goes back to the system while idle
+
+    def _fail(self, err: BaseException, joining: Sequence[_Joined] = ()) -> None:
+        """Give ``err`` to the requests in the search (emptied) and to those ``joining`` it, each once."""
+        assert self.search is not None
+        self.stats.errors += 1
+        failed = dict.fromkeys([*(key[0] for key in self.search.clear()), *joining])  # once each, in order
+        for joined in failed:
+            if not joined.pending.future.done():
+                joined.pending.future.set_exception(err)
 
     def _answer(self, joined: _Joined) -> None:
         joined.pending.future.set_result(joined.results)
