@@ -745,10 +745,9 @@ MaxWaitMsOpt = Annotated[
     float,
     typer.Option(
         "--max-wait-ms",
-        help="For requests decoded in rounds (their own beam or len_penalty, prefixes, constraints, --engine "
-        "ctranslate2): how long the worker waits for the requests it expects to join a round (ms): as many as "
-        "its last round answered plus those that queued meanwhile. Other requests join the running search at "
-        "its next step, never waiting.",
+        help="With --engine ctranslate2, which decodes in rounds: how long the worker waits for the requests it "
+        "expects to join a round (ms): as many as its last round answered plus those that queued meanwhile. "
+        "tmt's own engine lets requests join its running search at the next step, never waiting.",
     ),
 ]
 QueueOpt = Annotated[

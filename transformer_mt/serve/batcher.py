@@ -18,11 +18,12 @@ one (benchmarks/README.md, "Serving": 8 single-sentence clients 28 to 34
 sentences/s, 32 clients 51 to 56).
 
 Requests that need whole batches (a ``beam`` or ``len_penalty`` of their
-own, forced prefixes, constraints; every request with ``--engine
-ctranslate2``) are translated in rounds between steps: the worker takes the
+own, forced prefixes, constraints) are translated between two steps, all
+that are queued, as one round. Without a running search (``--engine
+ctranslate2``) every request is decoded in rounds: the worker takes the
 oldest and what is queued behind it and, while fewer have come than it
 expects (`_gather`), waits at most ``max_wait_ms`` for more; never past
-``max_batch_tokens`` source tokens. It translates them with
+``max_batch_tokens`` source tokens. A round is translated with
 `Translator.translate_lines_nbest`, one group per decoding setting;
 constraints form groups of their own (`Translator.translate_constrained`).
 Model work never runs on the event loop, and the worker survives any error:
