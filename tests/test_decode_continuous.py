@@ -47,11 +47,13 @@ def run(search: ContinuousSearch, arrivals: dict[int, list[int]], srcs: list[lis
     return out
 
 
-def assert_alone(model: Transformer, out: dict[int, list[Hypothesis]], srcs: list[list[int]], **settings) -> None:
+def assert_alone(
+    model: Transformer, out: dict[int, list[Hypothesis]], srcs: list[list[int]], tolerance: float = 1e-4, **settings
+) -> None:
     for i, src in enumerate(srcs):
         alone = beam_search(model, pad_batch([src]), nbest=settings["beam_size"], **settings)[0]
         assert [h.tokens for h in out[i]] == [h.tokens for h in alone], f"sentence {i}"
-        assert [h.score for h in out[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
+        assert [h.score for h in out[i]] == pytest.approx([h.score for h in alone], abs=tolerance)
 
 
 SETTINGS = [
@@ -71,6 +73,21 @@ def test_sentences_joining_a_running_search_get_their_search_alone(model: Transf
     assert sorted(out) == list(range(len(srcs))) and search.active == 0 and search.beams is None
     assert_alone(model, out, srcs, max_positions=64, **settings)
     assert len({len(hyps[0].tokens) for hyps in out.values()}) > 1  # they ended at different steps
+
+
+def test_an_int8_model_searches_continuously_as_alone(model: Transformer) -> None:
+    """`tmt serve --quantize int8`: the quantized layers take the running search's rows like any batch's. The
+    same hypotheses; scores only to 0.05, as int8 scores move that much between two batches of `beam_search`
+    itself (a last-bit difference in attention that crosses a quantization step: 0.016 here, alone against
+    the eight sentences in one batch)."""
+    import copy
+
+    from transformer_mt.model.quantize import quantize_int8
+
+    quantized = quantize_int8(copy.deepcopy(model))
+    srcs = sources(8, seed=6)
+    out = run(ContinuousSearch(quantized, beam_size=4, max_positions=64), {0: [0, 1, 2], 2: [3], 5: [4, 5, 6, 7]}, srcs)
+    assert_alone(quantized, out, srcs, tolerance=0.05, beam_size=4, max_positions=64)
 
 
 def test_a_search_that_sentences_keep_joining_keeps_its_buffers_short(model: Transformer) -> None:
