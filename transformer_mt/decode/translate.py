@@ -323,7 +323,7 @@ class Translator:
         lines = alignments if alignments is not None else [None] * len(hyps)
         done = [
             Translation(self.bpe.decode(h.tokens), h.score, h.log_prob, a)
-            for h, a in zip(hyps[:nbest], lines, strict=False)
+            for h, a in zip(hyps[:nbest], lines[:nbest], strict=True)
         ]
         missing = Translation("", float("-inf"), float("-inf"), None if self.cfg.decode.alignment == "none" else "")
         return done + [missing] * (nbest - len(done))
