@@ -225,6 +225,20 @@ def test_requests_join_the_running_search(translator: Translator, lines, alone) 
     assert batcher.stats.sentence_steps == sum(active)  # each step counts the sentences it held
 
 
+def assert_the_worker_goes_on(batcher: Batcher, error: type, match: str, lines, alone) -> None:
+    """The first request fails with ``error`` (a fault set up by the caller); the next is translated as alone."""
+    doomed = batcher.submit(Job(lines[:2]))
+    batcher.start()
+    try:
+        with pytest.raises(error, match=match):
+            doomed.result(timeout=60)
+        assert [h[0].text for h in batcher.submit(Job(lines[2:4])).result(timeout=60)] == [
+            alone[line] for line in lines[2:4]
+        ]
+    finally:
+        batcher.close()
+
+
 def test_a_failing_step_fails_the_requests_in_the_search_and_the_worker_goes_on(
     translator: Translator, lines, alone
 ) -> None:
@@ -238,16 +252,7 @@ def test_a_failing_step_fails_the_requests_in_the_search_and_the_worker_goes_on(
             raise RuntimeError("a step failed")
 
     batcher.search.after_step = after_step
-    doomed = batcher.submit(Job(lines[:2]))
-    batcher.start()
-    try:
-        with pytest.raises(RuntimeError, match="a step failed"):
-            doomed.result(timeout=60)
-        assert [h[0].text for h in batcher.submit(Job(lines[2:4])).result(timeout=60)] == [
-            alone[line] for line in lines[2:4]
-        ]
-    finally:
-        batcher.close()
+    assert_the_worker_goes_on(batcher, RuntimeError, "a step failed", lines, alone)
     assert batcher.stats.errors == 1
 
 
@@ -261,14 +266,7 @@ def test_a_failing_join_fails_its_requests_and_the_worker_goes_on(translator: Tr
         raise MemoryError("no memory for the join")
 
     batcher.search.add = add_once_out_of_memory
-    doomed = batcher.submit(Job(lines[:2]))
-    batcher.start()
-    try:
-        with pytest.raises(MemoryError, match="no memory"):
-            doomed.result(timeout=60)
-        assert [h[0].text for h in batcher.submit(Job(lines[2:3])).result(timeout=60)] == [alone[lines[2]]]
-    finally:
-        batcher.close()
+    assert_the_worker_goes_on(batcher, MemoryError, "no memory", lines, alone)
     assert batcher.stats.errors == 1 and batcher.search.active == 0
 
 
