@@ -7,7 +7,9 @@ checkpoint, and its `tmt export ctranslate2` directory (written here when
 ``--ct2`` is not given), int8, beam 4, fairseq's length penalty, k_finished
 stopping, no n-gram block, 4000 source tokens per batch, 2 threads: the
 settings of shared/BENCHMARKS.md's real-text comparison. Also reported:
-`tmt translate` of a single line (what importing torch and loading cost),
+each engine on a single line (what importing the engine and loading the
+model cost), the translating speed of each (its whole run less its
+single-line run, round by round: what a process already loaded sustains),
 and how many lines the two engines translate alike.
 
     python benchmarks/translate_memory.py -c runs/multi30k/average.pt --text ../shared/data/multi30k/test.en
@@ -100,6 +102,15 @@ def main() -> None:
             str(args.lenpen),
         ],  # fmt: skip
         "tmt translate of one line": tmt + ["-i", str(one), "-o", str(tmp / "one.de")],
+        "CTranslate2 of one line": [
+            sys.executable,
+            "-c",
+            CT2_SCRIPT,
+            str(ct2),
+            str(one),
+            str(tmp / "ct2_one.de"),
+            str(args.lenpen),
+        ],  # fmt: skip
     }
     found: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(args.rounds):
@@ -114,6 +125,16 @@ def main() -> None:
         walls, peaks = sorted(v[0] for v in values), sorted(v[1] for v in values)
         rounds = ", ".join(f"{w:.1f}/{p:.0f}" for w, p in values)
         print(f"| {name} | {walls[len(walls) // 2]:.1f} | {peaks[len(peaks) // 2]:.0f} | {rounds} |")
+    lines = len(ours) - 1
+    rates = {}
+    for engine, whole, single in (("tmt", "tmt translate --quantize int8", "tmt translate of one line"),
+                                  ("CTranslate2", "CTranslate2 int8 (Python API)", "CTranslate2 of one line")):  # fmt: skip
+        spans = sorted(a[0] - b[0] for a, b in zip(found[whole], found[single], strict=True))
+        rates[engine] = lines / spans[len(spans) // 2]
+    print(
+        f"translating, loaded (whole run less one line's, median): tmt {rates['tmt']:.0f} sentences/s, "
+        f"CTranslate2 {rates['CTranslate2']:.0f}: {rates['tmt'] / rates['CTranslate2']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -87,8 +87,11 @@ class NoEarlyEos:
     def init_cache(self, enc: Any, beams: int = 1, capacity: int = 16) -> Any:
         return self.model.init_cache(enc, beams, capacity)
 
-    def decode(self, tgt_in: torch.Tensor, enc: Any, cache: Any = None) -> torch.Tensor:
-        logits = self.model.decode(tgt_in, enc, cache)
+    def decode_features(self, tgt_in: torch.Tensor, enc: Any, cache: Any = None) -> torch.Tensor:
+        return self.model.decode_features(tgt_in, enc, cache)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.model.logits(x)
         logits[..., EOS] = -1e4
         return logits
 

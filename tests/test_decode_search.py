@@ -20,14 +20,19 @@ import torch
 from helpers import tiny_transformer
 
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
+from transformer_mt.decode import search
 from transformer_mt.decode.search import (
     Hypothesis,
+    Prefixes,
+    StepRules,
     beam_search,
+    best_extensions,
     block_repeated_ngrams,
     kept_sentences,
     length_penalty,
     max_output_lengths,
     row_topk,
+    step_log_probs,
 )
 from transformer_mt.model.transformer import Transformer
 
@@ -83,6 +88,12 @@ class FakeModel:
 
     def init_cache(self, enc: FakeEnc, beams: int = 1, capacity: int = 16) -> FakeCache:
         return FakeCache(enc.sent.clone(), torch.zeros(enc.sent.shape[0] * beams, 0, dtype=torch.long), beams)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # decode_features looked the log-probabilities up already
+
+    def decode_features(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
+        return self.decode(tgt_in, enc, cache)
 
     def decode(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
         self.decode_calls += 1
@@ -569,6 +580,42 @@ def test_row_topk_of_rows_that_may_only_end() -> None:
     values, indices = row_topk(x, 8)
     assert indices[:, 0].tolist() == [EOS] * 3 and values[:, 0].tolist() == pytest.approx([-0.7] * 3)
     assert torch.isinf(values[:, 1:]).all()
+
+
+@torch.no_grad()
+def test_best_extensions_in_slices_equal_the_whole_step(tiny_model: Transformer, monkeypatch) -> None:
+    """Projected 4 rows at a time, with a prefix, the n-gram block and rows at their maximum length, a step's
+    best tokens equal those of the whole (R, V) log-probabilities with the same rules."""
+    g = torch.Generator().manual_seed(5)
+    features = torch.randn(11, tiny_model.cfg.d_model, generator=g)
+    generated = torch.randint(4, 24, (11, 6), generator=g)
+    generated[3, 4:] = generated[3, :2]  # row 3 ends in a repeated bigram's start: its next token is banned
+    at_max = torch.zeros(11, dtype=torch.bool)
+    at_max[[2, 9]] = True
+    prefixes = Prefixes.of([[], [7, 8, 9, 10, 11, 12, 13]], torch.device("cpu"))
+    sentence = torch.tensor([0] * 5 + [1] * 6)
+    rules = StepRules(generated, at_max, sentence, 3, prefixes, step=6)
+    whole = rules(step_log_probs(tiny_model.logits(features)), slice(None))
+    expected = row_topk(whole, 8)
+    monkeypatch.setattr(search, "PROJECTED_ROWS", 4)
+    values, tokens = best_extensions(tiny_model, features, 8, rules)
+    assert torch.equal(tokens, expected[1])
+    assert torch.equal(values.isinf(), expected[0].isinf())  # fp32 products of 3 rows may round otherwise
+    assert torch.allclose(values.nan_to_num(neginf=0), expected[0].nan_to_num(neginf=0), atol=1e-5)
+    assert tokens[2, 0] == EOS and tokens[7, 0] == 13 and torch.isinf(values[7, 1:]).all()  # at max; a prefix
+    assert best_extensions(tiny_model, features, 100)[0].shape == (11, 24)  # m capped at the vocabulary
+
+
+def test_beam_search_is_the_same_projected_in_slices(tiny_model: Transformer, monkeypatch) -> None:
+    """Translations and scores do not depend on how many rows of logits a step projects at a time."""
+    src = real_src([5, 9, 3, 7, 12, 2, 8], seed=6)
+    kwargs = dict(beam_size=4, nbest=4, max_len_b=8, no_repeat_ngram=2, prefixes=[[], [5], [], [], [6, 7], [], []])
+    whole = beam_search(tiny_model, src, **kwargs)
+    monkeypatch.setattr(search, "PROJECTED_ROWS", 3)
+    sliced = beam_search(tiny_model, src, **kwargs)
+    for a, b in zip(sliced, whole, strict=True):
+        assert hyp_tuples(a) == hyp_tuples(b)
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
 def test_kept_sentences_move_only_into_the_places_of_done_ones() -> None:

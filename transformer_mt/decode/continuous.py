@@ -36,6 +36,7 @@ from transformer_mt.data.bpe import BOS, PAD
 from transformer_mt.decode.search import (
     NEG_INF,
     Hypothesis,
+    StepRules,
     _advance,
     _Beams,
     _collect_finished,
@@ -43,11 +44,9 @@ from transformer_mt.decode.search import (
     _select_live,
     _sentences_done,
     _top_candidates,
-    block_repeated_ngrams,
-    force_eos_at_max_len,
+    best_extensions,
     max_output_lengths,
     pad_batch,
-    step_log_probs,
 )
 from transformer_mt.model.transformer import Transformer
 
@@ -146,11 +145,11 @@ class ContinuousSearch:
             b.tokens = b.tokens[:, dropped:]
         bos = b.cache.starts  # (n,) the column of each sentence's BOS in ``tokens``, and its cache position
         steps = b.cache.length - bos  # (n,) each sentence's own step
-        lprobs = step_log_probs(self.model.decode(b.tokens[:, -1:], None, b.cache)[:, -1])  # (n*k, V)
-        if self.no_repeat_ngram > 0:  # the PAD and BOS before a late sentence's output never complete an n-gram
-            lprobs = block_repeated_ngrams(lprobs, b.tokens[:, 1:], self.no_repeat_ngram)
-        lprobs = force_eos_at_max_len(lprobs, (b.max_len == steps).repeat_interleave(self.k))
-        cand_scores, cand_beam, cand_token = _top_candidates(b.scores, lprobs, self.k)
+        features = self.model.decode_features(b.tokens[:, -1:], None, b.cache)[:, -1]  # (n*k, D)
+        # the PAD and BOS before a late sentence's output never complete an n-gram
+        rules = StepRules(b.tokens[:, 1:], (b.max_len == steps).repeat_interleave(self.k), None, self.no_repeat_ngram)
+        row_lprobs, row_tokens = best_extensions(self.model, features, 2 * self.k, rules)
+        cand_scores, cand_beam, cand_token = _top_candidates(b.scores, row_lprobs, row_tokens, self.k)
         alpha, form = self.len_penalty, self.len_penalty_form
         _collect_finished(self.finished, b, cand_scores, cand_beam, cand_token, steps, alpha, form, bos)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, self.k)

@@ -102,3 +102,12 @@ class Ensemble:
             total = lprobs if total is None else total + lprobs
         assert total is not None
         return total / len(self.models)
+
+    def decode_features(self, tgt_in: Tensor, enc: EnsembleEncoderOut, cache: EnsembleCache | None = None) -> Tensor:
+        """`decode`'s mean log-probabilities: the models share no features to project, so the ensemble's
+        "features" are its output already, and `logits` passes them on."""
+        return self.decode(tgt_in, enc, cache)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """``x`` as it is: `decode_features` returned the ensemble's log-probabilities."""
+        return x

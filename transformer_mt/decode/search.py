@@ -2,9 +2,10 @@
 
 The search runs on any model with the decoding API of `transformer_mt.model`:
 ``encode(src) -> enc``, ``init_cache(enc, beams, capacity) -> cache``,
-``decode(tgt_in, enc, cache) -> logits`` (``capacity``: the most target
-positions the search will feed), where ``enc.reorder(index)`` returns the rows
-``index`` of the encoder output and ``cache.reorder(index, sentences, beams)``
+``decode_features(tgt_in, enc, cache) -> features`` and ``logits(features)
+-> logits`` (together ``decode(tgt_in, enc, cache)``; ``capacity``: the most
+target positions the search will feed), where ``enc.reorder(index)`` returns
+the rows ``index`` of the encoder output and ``cache.reorder(index, sentences, beams)``
 makes row r of the cache continue the hypothesis of row ``index[r]``, in place,
 keeping the sentences ``sentences`` when some leave the batch, and holding
 ``beams`` rows per sentence from then on when given. With a cache,
@@ -260,12 +261,12 @@ def beam_search(
     forced = Prefixes.of(prefixes, src.device)
     step = 0
     while beams.sent.numel() > 0:
-        lprobs = _next_log_probs(model, beams, use_cache)  # (n*w, V), w beams per sentence
-        if no_repeat_ngram > 0 or forced is not None:
-            sentence = beams.sent.repeat_interleave(beams.width)
-            lprobs = restrict(lprobs, beams.tokens[:, 1:], no_repeat_ngram, forced, sentence, step)
-        lprobs = force_eos_at_max_len(lprobs, beams.max_len.repeat_interleave(beams.width) == step)
-        cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, lprobs, k)
+        w = beams.width
+        at_max, sentence = (beams.max_len == step).repeat_interleave(w), beams.sent.repeat_interleave(w)
+        rules = StepRules(beams.tokens[:, 1:], at_max, sentence, no_repeat_ngram, forced, step)
+        features = _next_features(model, beams, use_cache)  # (n*w, D), w beams per sentence
+        row_lprobs, row_tokens = best_extensions(model, features, 2 * k, rules)
+        cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, row_lprobs, row_tokens, k)
         _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
         live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
         done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
@@ -297,11 +298,68 @@ def _start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool) -> _Beams:
 
 def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
     """Log-probabilities (n*k, V) of the next token of every live hypothesis, PAD and BOS excluded."""
+    return step_log_probs(model.logits(_next_features(model, beams, use_cache)))
+
+
+def _next_features(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
+    """The decoder's output (n*k, D) at the next position of every live hypothesis, before the projection."""
     if use_cache:
-        logits = model.decode(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]  # (n*k, V)
-    else:
-        logits = model.decode(beams.tokens, beams.enc)[:, -1]  # (n*k, V)
-    return step_log_probs(logits)
+        return model.decode_features(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]
+    return model.decode_features(beams.tokens, beams.enc)[:, -1]
+
+
+PROJECTED_ROWS = 128  # rows of a step's logits `best_extensions` computes at a time
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """A step's hard rules (`restrict`, `force_eos_at_max_len`) for any slice of its R rows: ``generated``
+    (R, t) the tokens so far, ``at_max`` (R,) whether the row's sentence is at its maximum length, ``sentence``
+    (R,) its index in the batch (read for ``prefixes`` only)."""
+
+    generated: Tensor
+    at_max: Tensor
+    sentence: Tensor | None = None
+    no_repeat_ngram: int = 0
+    prefixes: Prefixes | None = None
+    step: int = 0
+
+    def __call__(self, lprobs: Tensor, rows: slice) -> Tensor:
+        """``lprobs`` (r, V) of the rows ``rows``, in place."""
+        if self.prefixes is not None and self.sentence is not None:
+            sentence = self.sentence[rows]
+            lprobs = restrict(lprobs, self.generated[rows], self.no_repeat_ngram, self.prefixes, sentence, self.step)
+        elif self.no_repeat_ngram > 0:
+            lprobs = block_repeated_ngrams(lprobs, self.generated[rows], self.no_repeat_ngram)
+        return force_eos_at_max_len(lprobs, self.at_max[rows])
+
+
+def best_extensions(
+    model: Any, features: Tensor, m: int, rules: Callable[[Tensor, slice], Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
+    """The ``m`` best next tokens of each row and their log-probabilities, (R, m) each, best first, from the
+    decoder's ``features`` (R, D): the projection, `step_log_probs`, ``rules`` (in place, with the slice of rows)
+    and `row_topk`, `PROJECTED_ROWS` rows at a time. ``m`` is capped at the vocabulary size.
+
+    Why in slices: a step's logits (R, V) are decoding's largest tensor (37 MB at 285 sentences x 4 beams and
+    8000 words) and the search needs none of a row's V numbers once its m best are known. Held whole, they
+    and the heap holes they left made the resident size peak (Multi30k test2016 in int8: 587 MiB, now about
+    510, benchmarks/README.md); in slices a step's working set is a few MB. A slice computes what the whole
+    would: int8 products are exact, and an fp32 matmul rounds a row as it would in any batch of as many rows
+    (a slice of a few rows may round in the last bit otherwise, as a batch does when its sentences leave).
+    """
+    values, tokens = [], []
+    for start in range(0, features.shape[0], PROJECTED_ROWS):
+        rows = slice(start, start + PROJECTED_ROWS)
+        lprobs = step_log_probs(model.logits(features[rows]))  # (r, V)
+        if rules is not None:
+            lprobs = rules(lprobs, rows)
+        best = row_topk(lprobs, min(m, lprobs.shape[1]))
+        values.append(best[0])
+        tokens.append(best[1])
+    if len(values) == 1:
+        return values[0], tokens[0]
+    return torch.cat(values), torch.cat(tokens)
 
 
 def step_log_probs(logits: Tensor) -> Tensor:
@@ -344,20 +402,20 @@ def force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
     return lprobs
 
 
-def _top_candidates(scores: Tensor, lprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _top_candidates(scores: Tensor, row_lprobs: Tensor, row_tokens: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2k best one-token extensions per sentence over (beam x vocab), by raw log-probability.
 
     ``scores`` (n, w) holds the w beams of each sentence (w = 1 at the first
-    step), ``lprobs`` one row per beam. Returns scores, beam indices and
+    step); ``row_lprobs`` and ``row_tokens`` (n*w, m) the m = min(2k, V) best
+    tokens of each beam (`best_extensions`). Returns scores, beam indices and
     tokens, each (n, 2k), best first. Empty beams (-inf) only produce -inf
     candidates, which are never kept; so are the -inf candidates that fill
     the 2k places when a vocabulary smaller than 2k leaves fewer. Every
-    candidate is among the 2k best tokens of its own beam, so those are taken
-    first, and the (n, w, V) sums are never formed.
+    candidate is among the 2k best tokens of its own beam, so only those are
+    read, and the (n, w, V) sums are never formed.
     """
     n, w = scores.shape
-    m = min(2 * k, lprobs.shape[-1])
-    row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*w, m): the best extensions of each beam
+    m = row_lprobs.shape[1]
     total = (scores.view(-1, 1) + row_lprobs).view(n, w * m)  # raw log-probabilities, as scores + lprobs
     fill = 2 * k - w * m  # > 0 only for one beam over a vocabulary of fewer than 2k tokens
     if fill > 0:

@@ -298,6 +298,21 @@ class Transformer(nn.Module):
         cross-attention state is read from the cache, not from `enc`. With
         ``maps``, the attention weights are appended to ``maps.decoder`` and ``maps.cross``.
         """
+        return self.logits(self.decode_features(tgt_in, enc, cache, maps, pack))
+
+    def decode_features(
+        self,
+        tgt_in: Tensor,
+        enc: EncoderOut,
+        cache: DecoderCache | None = None,
+        maps: AttentionMaps | None = None,
+        pack: bool = False,
+    ) -> Tensor:
+        """`decode` up to the pre-softmax projection: the decoder's output (B, T, D), or (N, D) with ``pack``.
+
+        A beam search projects these a few rows at a time (`transformer_mt.decode.search.best_extensions`), so
+        that a step's (rows, V) logits, the largest tensor of decoding, never exist all at once.
+        """
         offset = 0 if cache is None else cache.offsets()
         if pack and cache is not None:
             raise ValueError("decode packs the target in teacher forcing only, not with a cache")
@@ -320,9 +335,13 @@ class Transformer(nn.Module):
             cache.advance(tgt_in.shape[1])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        return x
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The tied pre-softmax projection of decoder outputs ``x`` (..., D): logits (..., V)."""
         if self.output_projection is not None:
-            return self.output_projection(x)  # (B, T, V), the same projection as a layer of its own (int8)
-        return F.linear(x, self.embed.weight)  # (B, T, V), tied pre-softmax projection
+            return self.output_projection(x)  # the same projection as a layer of its own (int8, oneDNN)
+        return F.linear(x, self.embed.weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor, pack: bool = False) -> Tensor:
         """Teacher-forced logits (B, T, V) for src (B, S) and tgt_in (B, T).
