@@ -347,10 +347,13 @@ def best_extensions(
     510, benchmarks/README.md); in slices a step's working set is a few MB. A slice computes what the whole
     would: int8 products are exact, and an fp32 matmul rounds a row as it would in any batch of as many rows
     (a slice of a few rows may round in the last bit otherwise, as a batch does when its sentences leave).
+    On a GPU all rows are projected at once, as before: PyTorch's caching allocator leaves no such holes, and
+    each slice would cost a few more kernel launches per step.
     """
+    per_slice = PROJECTED_ROWS if features.device.type == "cpu" else max(features.shape[0], 1)
     values, tokens = [], []
-    for start in range(0, features.shape[0], PROJECTED_ROWS):
-        rows = slice(start, start + PROJECTED_ROWS)
+    for start in range(0, features.shape[0], per_slice):
+        rows = slice(start, start + per_slice)
         lprobs = step_log_probs(model.logits(features[rows]))  # (r, V)
         if rules is not None:
             lprobs = rules(lprobs, rows)
