@@ -262,7 +262,8 @@ def beam_search(
     step = 0
     while beams.sent.numel() > 0:
         w = beams.width
-        at_max, sentence = (beams.max_len == step).repeat_interleave(w), beams.sent.repeat_interleave(w)
+        at_max = (beams.max_len == step).repeat_interleave(w)
+        sentence = None if forced is None else beams.sent.repeat_interleave(w)  # a prefix is read by sentence
         rules = StepRules(beams.tokens[:, 1:], at_max, sentence, no_repeat_ngram, forced, step)
         features = _next_features(model, beams, use_cache)  # (n*w, D), w beams per sentence
         row_lprobs, row_tokens = best_extensions(model, features, 2 * k, rules)
