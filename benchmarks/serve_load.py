@@ -21,6 +21,10 @@ the sentences its continuous search held per step (from ``GET /health``).
 
     python benchmarks/serve_load.py -c runs/multi30k/average.pt --text ../shared/data/multi30k/test.en
     python benchmarks/serve_load.py -c CK --text FILE --quantize int8 --clients 1 8 32
+    python benchmarks/serve_load.py -c CK --text FILE --replicas 2 --clients 32   # two servers, clients spread
+
+With ``--replicas N`` every client count is spread over N servers on their own ports, as a round-robin balancer
+would (their counters summed, their peaks added).
 
 Bounded: each request times out after 60 s and the whole run after
 ``--deadline`` seconds; the server is stopped (SIGTERM) at the end.
@@ -72,6 +76,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         cmd += ["--quantize", args.quantize]
     if args.max_batch_tokens:
         cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -101,16 +107,23 @@ def offline(args: argparse.Namespace, lines: list[str]) -> tuple[dict[str, str],
     return dict(zip(lines, outputs, strict=True)), rate, statistics.median(times)
 
 
-def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, str], deadline: float) -> dict:
-    """``clients`` threads share ``lines``, one request per line; latencies, wrong and lost answers, and the
-    mean lines per round of the server's worker (from `GET /health` before and after)."""
-    before = health(port)
+def totals(ports: list[int]) -> dict[str, int]:
+    """The counters of `GET /health`, summed over the servers on ``ports``."""
+    answers = [health(port) for port in ports]
+    return {key: sum(a[key] for a in answers) for key in ("batches", "steps", "lines", "sentence_steps")}
+
+
+def run_clients(ports: list[int], lines: list[str], clients: int, expected: dict[str, str], deadline: float) -> dict:
+    """``clients`` threads share ``lines``, one request per line, client i sending to ``ports[i % len(ports)]``
+    (replicas behind a round-robin balancer); latencies, wrong and lost answers, and the mean lines per round of
+    the servers' workers (from `GET /health` before and after)."""
+    before = totals(ports)
     latencies: list[float] = []
     wrong = lost = 0
     lock = threading.Lock()
     todo = iter(range(len(lines)))
 
-    def client() -> None:
+    def client(port: int) -> None:
         nonlocal wrong, lost
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while time.monotonic() < deadline:
@@ -135,14 +148,14 @@ def run_clients(port: int, lines: list[str], clients: int, expected: dict[str, s
                 if response.status != 200 or answer.get("translatedText") != expected[lines[i]]:
                     wrong += 1
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(ports[i % len(ports)],)) for i in range(clients)]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    after = health(port)
+    after = totals(ports)
     answered = len(latencies)
     rounds = max(1, after["batches"] - before["batches"])
     steps = max(1, after["steps"] - before["steps"])
@@ -178,21 +191,25 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
     parser.add_argument("--deadline", type=float, default=1800.0, help="seconds for the whole run")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--replicas", type=int, default=1, help="servers, each on its own port; clients spread")
+    parser.add_argument("--threads", type=int, default=0, help="tmt serve --threads of each (0: its own choice)")
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline
     lines = [line for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]
     expected, offline_rate, alone_s = offline(args, lines)
     torch.set_num_threads(1)  # the clients' process: leave the cores to the server
-    port = free_port()
-    server = start_server(args, port)
+    ports = [free_port() for _ in range(args.replicas)]
+    servers = [start_server(args, port) for port in ports]
     try:
-        rows = [run_clients(port, lines, n, expected, deadline) for n in args.clients]
-        rss = peak_rss_mib(server.pid)
+        rows = [run_clients(ports, lines, n, expected, deadline) for n in args.clients]
+        rss = sum(peak_rss_mib(server.pid) for server in servers)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
     print(f"offline: {offline_rate:.1f} sentences/s over {len(lines)} lines; one line alone: p50 "
-          f"{1000 * alone_s:.1f} ms; server exit {server.returncode}, peak RSS {rss:.0f} MiB")  # fmt: skip
+          f"{1000 * alone_s:.1f} ms; {args.replicas} server(s), exit {[s.returncode for s in servers]}, "
+          f"peak RSS {rss:.0f} MiB in all")  # fmt: skip
     print(
         "| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step | answered | wrong | lost |"
     )

@@ -68,8 +68,10 @@ def _in(name: str, package: str) -> bool:
 
 
 def test_data_imports_no_later_stage(graph):
-    """Data preparation comes first: it may use the config, the file helpers and the user-error type, nothing later."""
-    allowed = ("transformer_mt.data", "transformer_mt.errors", "transformer_mt.files", "transformer_mt.config")
+    """Data preparation comes first: it may use the config, the file helpers, the user-error type and the CPU count
+    (its workers), nothing later."""
+    allowed = ("transformer_mt.data", "transformer_mt.errors", "transformer_mt.files", "transformer_mt.config",
+               "transformer_mt.cpus")  # fmt: skip
     for name, imported in graph.items():
         if _in(name, "transformer_mt.data"):
             bad = sorted(m for m in imported if not any(_in(m, a) for a in allowed) and m != "transformer_mt")
@@ -85,7 +87,17 @@ def test_decode_does_not_import_train(graph):
 # docs/architecture.md's layers, first to last: a module imports only from its own layer or earlier ones (within
 # the first group, only the names before it).
 LAYERS = [
-    *(("errors",), ("malloc",), ("files",), ("run_names",), ("config",), ("checkpoint",), ("paper",), ("runs",)),
+    *(
+        ("errors",),
+        ("malloc",),
+        ("cpus",),
+        ("files",),
+        ("run_names",),
+        ("config",),
+        ("checkpoint",),
+        ("paper",),
+        ("runs",),
+    ),
     *(("data",), ("metrics",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
     *(("report", "plots", "attention_maps", "init_config"), ("serve",), ("quickstart", "cli", "__main__")),
 ]

@@ -98,7 +98,8 @@ def test_http_and_websocket(server: str, lines: list[str], expected: dict[str, s
         for line in lines:
             ws.send(line)
         assert [ws.recv(timeout=60) for _ in lines] == [expected[line] for line in lines]
-    assert _request(f"{server}/health")[1]["lines"] >= 4 + 2 + len(lines)
+    health = _request(f"{server}/health")[1]
+    assert health["lines"] >= 4 + 2 + len(lines) and health["threads"] == "1 from OMP_NUM_THREADS"
 
 
 def test_sigterm_finishes_what_is_in_flight(toy_ckpt: Path, lines: list[str], expected: dict[str, str]) -> None:

@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from transformer_mt.config import Config, load_config
+from transformer_mt.cpus import prepare_openmp
 from transformer_mt.errors import Interrupted, UserError
 from transformer_mt.malloc import keep_freed_memory
 from transformer_mt.run_names import AVERAGE_NAME, SCORES_NAME
@@ -34,6 +35,7 @@ class Commands(TyperGroup):
 
     def invoke(self, ctx: typer.Context) -> object:
         keep_freed_memory()  # every command that computes gains from it (transformer_mt/malloc.py)
+        prepare_openmp()  # before any command imports torch: libgomp reads it once (transformer_mt/cpus.py)
         try:
             return super().invoke(ctx)
         except UserError as err:
@@ -199,6 +201,31 @@ def load(config: Path, overrides: list[str] | None, verbose: bool = False) -> Co
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Print the resolved config (every key, after base: and --set) first.")
 ]
+ThreadsOpt = Annotated[
+    int,
+    typer.Option(
+        "--threads",
+        min=0,
+        help="CPU threads for torch (and CTranslate2). 0: the CPUs this process may use (its affinity mask and "
+        "cgroup CPU quota), unless TMT_NUM_THREADS or OMP_NUM_THREADS says otherwise; --verbose says which and why.",
+    ),
+]
+ThreadsVerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Say how many CPU threads are used, and why, on stderr.")
+]
+
+
+def threads_for(requested: int, verbose: bool) -> str:
+    """Give torch the thread count of a decoding command (`transformer_mt.cpus.use_threads`); say it if asked.
+    Returns why that many."""
+    from transformer_mt.cpus import use_threads
+
+    threads = use_threads(requested)
+    if verbose:
+        typer.echo(f"threads: {threads.why}", err=True)
+    return threads.why
+
+
 LenpenOpt = Annotated[float | None, typer.Option("--lenpen", help="Length penalty alpha (paper: 0.6).")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 
@@ -337,6 +364,16 @@ def train(
     nproc_per_node: Annotated[
         int, typer.Option("--nproc-per-node", help="Launch this many processes with torchrun (DDP) on this host.")
     ] = 0,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads",
+            min=0,
+            help="CPU threads for torch, per process (train.num_threads). 0: the CPUs this process may use (affinity "
+            "mask, cgroup CPU quota; shared by --nproc-per-node processes), unless TMT_NUM_THREADS or OMP_NUM_THREADS "
+            "says otherwise. The log's first line says how many and why.",
+        ),
+    ] = 0,
     verbose: VerboseOpt = False,
 ) -> None:
     """Train the model; resumes from the newest checkpoint in train.save_dir.
@@ -368,6 +405,8 @@ def train(
     from transformer_mt.train.distributed import launch_torchrun
     from transformer_mt.train.trainer import train_model
 
+    if threads:
+        set_ = [*(set_ or []), f"train.num_threads={threads}"]
     if nproc_per_node > 0:
         args = ["train", str(config), *_set_args(set_), *(["--verbose"] if verbose else [])]
         raise typer.Exit(launch_torchrun(nproc_per_node, args))
@@ -574,6 +613,8 @@ def translate(
     window_lines: WindowLinesOpt = 10_000,
     buffer_lines: BufferLinesOpt = None,
     constraints: ConstraintsOpt = False,
+    threads: ThreadsOpt = 0,
+    verbose: ThreadsVerboseOpt = False,
 ) -> None:
     """Translate raw text line by line with beam search.
 
@@ -597,6 +638,7 @@ def translate(
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     _check_translate_args(ctx.args, checkpoint, constraints, engine)
+    threads_for(threads, verbose)
     overrides = decode_overrides(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
         temperature=temperature, seed=seed, alignment=alignment,
@@ -699,6 +741,8 @@ def evaluate(
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
+    threads: ThreadsOpt = 0,
+    verbose: ThreadsVerboseOpt = False,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, TER, and the paper's tokenized compound-split BLEU.
 
@@ -714,6 +758,7 @@ def evaluate(
     """
     from transformer_mt.evaluate import evaluate_checkpoint
 
+    threads_for(threads, verbose)
     evaluate_checkpoint(
         checkpoint, testset=testset, src=src, ref=ref, output=output, device=device,
         overrides=decode_overrides(set_, quantize, beam=beam, lenpen=lenpen), engine=engine.value, ensemble=ensemble,
@@ -777,6 +822,8 @@ def serve(
     max_chars: MaxCharsOpt = 20_000,
     device: DeviceOpt = None,
     set_: ServeSetOpt = None,
+    threads: ThreadsOpt = 0,
+    verbose: ThreadsVerboseOpt = False,
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
@@ -796,10 +843,11 @@ def serve(
     """
     from transformer_mt.serve import serve as run_server
 
+    why = threads_for(threads, verbose)
     run_server(
         checkpoint, host=host, port=port, engine=engine.value, device=device,
         overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
-        queue_size=queue, max_lines=max_lines, max_chars=max_chars,
+        queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why,
     )  # fmt: skip
 
 

@@ -143,7 +143,7 @@ class TrainConfig:
     snapshot_span: float = 0.0  # deviation: write average_last checkpoints evenly over this last fraction of the budget
     max_nonfinite: int = 10  # stop after this many non-finite updates in a row
     log_every: int = 100  # updates between metric lines
-    num_threads: int = 0  # CPU threads for torch; 0 leaves torch's default
+    num_threads: int = 0  # CPU threads for torch; 0: the CPUs this process may use (transformer_mt/cpus.py)
 
 
 @dataclass
@@ -515,6 +515,10 @@ def _validate_sizes(cfg: Config) -> None:
         "train.average_last": cfg.train.average_last,
         "train.max_nonfinite": cfg.train.max_nonfinite,
     }
+    if cfg.train.num_threads < 0:
+        raise ConfigError(
+            f"train.num_threads must be 0 (the CPUs the process may use) or more, got {cfg.train.num_threads}"
+        )
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")

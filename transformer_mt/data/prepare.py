@@ -39,6 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_mt.config import Config, config_hash
+from transformer_mt.cpus import choose_threads
 from transformer_mt.data import binarize, clean
 from transformer_mt.data.bpe import (
     MODEL_NAME,
@@ -182,7 +183,7 @@ def prepare_data(cfg: Config, force: bool = False) -> Path:
 
 def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints: dict[str, InputFile]) -> Manifest:
     """Every step into the work directory; returns the manifest (not yet written)."""
-    workers = cfg.data.workers or os.cpu_count() or 1
+    workers = cfg.data.workers or choose_threads().count  # the CPUs this process may use (quota, affinity)
     seconds, start = {}, time.perf_counter()
     stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)].lines) for s in splits}
     seconds["clean"] = time.perf_counter() - start

@@ -55,6 +55,7 @@ def serve(
     queue_size: int = 256,
     max_lines: int = 256,
     max_chars: int = 20_000,
+    threads: str = "",
 ) -> None:
     """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit."""
     require_web_stack()
@@ -75,11 +76,11 @@ def serve(
     translator = load_translator(checkpoints, engine, False, device, overrides)
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
-    info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize)
+    info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize, threads)
     app = build_app(batcher, info, limits, start_worker=False)
     print(
         f"serving {info.model} ({translator.cfg.data.src_lang} -> {translator.cfg.data.tgt_lang}, {engine}, "
-        f"{info.device}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
+        f"{info.device}, threads {threads or 'as torch chose'}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )

@@ -56,6 +56,7 @@ class ServerInfo:
     engine: str
     device: str
     quantize: str
+    threads: str = ""  # the CPU threads the model runs on and why (`transformer_mt.cpus.Threads.why`)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -174,7 +175,7 @@ class _Handlers:
         info, batcher, cfg = self.info, self.batcher, self.cfg
         return JSONResponse({
             "status": "ok", "model": info.model, "engine": info.engine, "device": info.device,
-            "quantize": info.quantize, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
+            "quantize": info.quantize, "threads": info.threads, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
             "queue_depth": batcher.depth(), "uptime_s": round(time.monotonic() - info.started, 1),
             "requests": batcher.stats.requests, "lines": batcher.stats.lines, "batches": batcher.stats.batches,
             "errors": batcher.stats.errors, "steps": batcher.stats.steps,

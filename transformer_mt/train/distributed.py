@@ -13,12 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from transformer_mt.cpus import choose_threads
 from transformer_mt.errors import UserError
 
 
@@ -196,4 +198,11 @@ def launch_torchrun(nproc: int, args: list[str]) -> int:
     """
     if nproc < 1:
         raise DistributedError(f"--nproc-per-node must be at least 1, got {nproc}")
-    return subprocess.call(torchrun_command(nproc, args))
+    return subprocess.call(torchrun_command(nproc, args), env=rank_environment(nproc))
+
+
+def rank_environment(nproc: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The ranks' environment: ``OMP_NUM_THREADS`` shares this host's usable CPUs among the ``nproc`` ranks
+    (`transformer_mt.cpus.choose_threads`; torchrun itself would give each one thread), unless the user set it."""
+    threads = choose_threads(environ=environ, ranks=nproc)
+    return {**environ, "OMP_NUM_THREADS": str(threads.count)}

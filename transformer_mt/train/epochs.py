@@ -9,7 +9,6 @@ it consumed), is all a checkpoint needs to go on with the same batches. With
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_mt.config import Config
+from transformer_mt.cpus import choose_threads
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.dataset import Batch, ParallelDataset, collate, pad_to_multiple
 from transformer_mt.train.build import RunData
@@ -46,7 +46,7 @@ class Epochs:
 
         text = tuple(self.data.dir / name for name in train_text_files(self.cfg))
         fixed = self.data.train
-        workers = max(1, (self.cfg.data.workers or os.cpu_count() or 1) // self.env.world_size)  # ranks share hosts
+        workers = self.cfg.data.workers or choose_threads(ranks=self.env.world_size).count  # ranks share hosts
         sampled = sample_epoch(
             self.data.dir, text, alpha, self.cfg.train.seed, epoch, fixed._src_ids.dtype, workers, len(fixed)
         )

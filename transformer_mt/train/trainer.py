@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
 from transformer_mt.config import Config
+from transformer_mt.cpus import use_threads
 from transformer_mt.data.dataset import Batch
 from transformer_mt.malloc import release_free_memory
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
@@ -277,9 +278,10 @@ def train_model(cfg: Config, clock: Clock = time.monotonic) -> TrainResult:
     wall clock (seconds), which its time budget counts.
     """
     threads = torch.get_num_threads()
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
+    chosen = use_threads(cfg.train.num_threads)
     env = setup()
+    if env.is_main and env.device.type == "cpu":
+        print(f"threads: {chosen.why}", file=sys.stderr)
     try:
         with hold_run_dir(Path(cfg.train.save_dir), env):
             trainer = Trainer(cfg, env, clock)
