@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer_mt.config import ConfigError, load_config
 from transformer_mt.cpus import WAIT_SETTINGS, cgroup_quota, choose_threads, prepare_openmp, usable_cpus
@@ -182,3 +183,28 @@ def test_torchrun_ranks_share_the_cpus():
     assert rank_environment(2, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": str(max(1, round(cpus / 2)))}
     assert rank_environment(2, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
     assert rank_environment(4, {"TMT_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "2"
+
+
+@pytest.mark.slow
+def test_how_threads_wait_changes_no_bit(prepared_toy, toy_ckpt, tmp_path):
+    """Sleeping or spinning while a thread waits is scheduling, not arithmetic: at the same thread count, a training
+    run's weights and a translation are identical under tmt's wait policy and under libgomp's spinning default."""
+    from transformer_mt.checkpoint import read_checkpoint
+
+    config = tmp_path / "toy.yaml"
+    config.write_text(prepared_toy.to_yaml(), encoding="utf-8")
+    (tmp_path / "in.en").write_text("".join(f"the {w} sees a dog .\n" for w in ("cat", "man", "child")), "utf-8")
+    weights, translations = [], []
+    for policy in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "300000"}):  # libgomp's default spin count
+        env, run = {**_without_thread_settings(), **policy}, tmp_path / f"run{len(weights)}"
+        train = ["train", str(config), "--threads", "2", "--set", f"train.save_dir={run}", "--set",
+                 "train.max_updates=3", "--set", "train.validate_every=100", "--set", "train.save_every_updates=3"]  # fmt: skip
+        subprocess.run([sys.executable, "-m", "transformer_mt", *train], env=env, check=True, capture_output=True)
+        weights.append(read_checkpoint(run / "checkpoint_u0000003.pt").model)
+        out = tmp_path / f"out{len(translations)}.de"
+        translate = ["translate", "-c", str(toy_ckpt), "-i", str(tmp_path / "in.en"), "-o", str(out), "--threads", "2"]
+        subprocess.run([sys.executable, "-m", "transformer_mt", *translate], env=env, check=True, capture_output=True)
+        translations.append(out.read_bytes())
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert translations[0] == translations[1] and translations[0].count(b"\n") == 3
