@@ -5,8 +5,9 @@ count), never by a container's CPU quota, and libgomp's threads spin at every
 barrier (300,000 rounds when ``OMP_WAIT_POLICY`` is unset). On a shared
 machine a beam search's thousands of small parallel regions then wait for a
 thread the kernel has descheduled, and each thread spins away the time its
-peers need: decoding ran 30-40x slower than CTranslate2 beside two trainings,
-and a 1-CPU container ran 2 threads that took turns (benchmarks/README.md,
+peers need: decoding ran 20x slower than CTranslate2 beside two trainings,
+training at 0.43x its fair share beside two busy processes, and a container
+limited to one CPU still ran a thread per host core (benchmarks/README.md,
 "A busy machine").
 
 So every command sizes its pool by `usable_cpus` (the affinity mask, the
@@ -146,12 +147,12 @@ def _read_quota(directory: Path, version: int) -> float | None:
         return None
 
 
-def use_threads(requested: int = 0, ranks: int = 1) -> Threads:
+def use_threads(requested: int = 0) -> Threads:
     """Choose the thread count (`choose_threads`) and give it to torch, whose pool has not started yet or is
     resized; returns the choice. Threads that run torch work later (`tmt serve`'s worker) take the same count
     at their first parallel region."""
     import torch
 
-    threads = choose_threads(requested, ranks=ranks)
+    threads = choose_threads(requested)
     torch.set_num_threads(threads.count)
     return threads
