@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer_mt.data.clean import normalize  # noqa: E402
 from transformer_mt.decode.constrained import constrained_search, contains_constraints  # noqa: E402
 from transformer_mt.decode.search import pad_batch  # noqa: E402
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.decode.translate import Translator  # noqa: E402
 
 PUNCT = ".,;:!?\"'()"
@@ -161,16 +162,13 @@ def report(
 
 def same_without_constraints(translator: Translator, sources: list[str], plain: list[str]) -> None:
     """`constrained_search` with no constraints on every line, one batch per 64 lines, against `beam_search`."""
-    d = translator.cfg.decode
     ids = [translator.encode(i, line) for i, line in enumerate(sources)]
     out = []
     for start in range(0, len(ids), 64):
         batch = ids[start : start + 64]
         hyps = constrained_search(
-            translator.model, pad_batch(batch), [[]] * len(batch), beam_size=d.beam_size, len_penalty=d.len_penalty,
-            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-            max_positions=translator.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
-        )  # fmt: skip
+            translator.model, pad_batch(batch), [[]] * len(batch), SearchSettings.of(translator.cfg)
+        )
         out += [translator.bpe.decode(h[0].tokens) for h in hyps]
     differ = sum(a != b for a, b in zip(out, plain, strict=True))
     print(f"\nconstrained_search without constraints: {differ}/{len(sources)} lines differ from beam_search")

@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer_mt.config import ModelConfig  # noqa: E402
 from transformer_mt.data.bpe import BOS, EOS, PAD  # noqa: E402
 from transformer_mt.decode.search import beam_search  # noqa: E402
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.malloc import keep_freed_memory  # noqa: E402
 from transformer_mt.model.onednn import use_onednn_linears  # noqa: E402
 from transformer_mt.model.quantize import quantize_int8  # noqa: E402
@@ -128,10 +129,11 @@ def tmt_model(args: argparse.Namespace, quantize: str = "none") -> tuple[Transfo
 def tmt_timer(model: Any, args: argparse.Namespace, forced: bool = True) -> Timer:
     def run(src: torch.Tensor) -> tuple[float, int]:
         start = time.perf_counter()
-        out = beam_search(
-            NoEarlyEos(model) if forced else model, src, beam_size=args.beam, len_penalty=args.lenpen,
-            max_len_a=0.0 if forced else 1.0, max_len_b=args.length - 1 if forced else 50, max_positions=1024,
+        settings = SearchSettings(
+            beam_size=args.beam, len_penalty=args.lenpen, max_len_a=0.0 if forced else 1.0,
+            max_len_b=args.length - 1 if forced else 50, max_positions=1024,
         )  # fmt: skip
+        out = beam_search(NoEarlyEos(model) if forced else model, src, settings)
         seconds = time.perf_counter() - start
         return seconds, sum(len(h[0].tokens) + 1 for h in out)  # + EOS
 
@@ -337,8 +339,10 @@ def main() -> None:
         ct2_dirs = {} if args.no_peer else export_ct2(model, pieces, args, Path(workdir))
         names = engines(args, ct2_dirs)
         work = f"the lines of {args.text}, natural lengths" if args.text else f"{args.length} forced output tokens"
-        print(f"device {args.device}, {torch.get_num_threads()} threads; model {count_parameters(model) / 1e6:.1f}M "
-              f"parameters; {args.sentences} sentences, beam {args.beam}, {work}; engines in turn, one process each")  # fmt: skip
+        print(
+            f"device {args.device}, {torch.get_num_threads()} threads; model {count_parameters(model) / 1e6:.1f}M "
+            f"parameters; {args.sentences} sentences, beam {args.beam}, {work}; engines in turn, one process each"
+        )
         runs = time_in_turns(names, args, ct2_dirs, src.to(args.device))
     rates = {name: report(name, r, args.sentences) for name, r in runs.items()}
     for ours, peer in (("tmt fp32", "CTranslate2 fp32"), ("tmt int8", "CTranslate2 int8"), ("tmt int8", "CTranslate2 fp32"),

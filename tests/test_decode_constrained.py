@@ -22,14 +22,15 @@ from transformer_mt.data.bpe import EOS, PAD
 from transformer_mt.decode.constrained import (
     ConstraintError,
     ConstraintLengthError,
-    Progress,
+    ConstraintState,
     constrained_search,
     contains_constraints,
     phrase_table,
     split_constraints,
     word_continuations,
 )
-from transformer_mt.decode.search import beam_search, length_penalty
+from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings, length_penalty
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,7 +65,7 @@ def holds(tokens: tuple[int, ...] | list[int], constraints: list[list[int]]) -> 
 )
 def test_progress_counts_each_phrase_once(constraints: list[list[int]], tokens: list[int], met: list[bool]) -> None:
     phrases = phrase_table([constraints])
-    state = Progress.start(phrases)
+    state = ConstraintState.start(phrases)
     for token in tokens:
         state = state.extend(phrases, torch.tensor([token]))
     assert state.met[0].tolist() == met
@@ -73,7 +74,7 @@ def test_progress_counts_each_phrase_once(constraints: list[list[int]], tokens: 
 
 def test_progress_bank_counts_the_partial_phrase() -> None:
     phrases = phrase_table([[[5, 6, 7], [9]]])
-    state = Progress.start(phrases)
+    state = ConstraintState.start(phrases)
     banks = []
     for token in [9, 5, 6, 4, 5, 6, 7]:
         state = state.extend(phrases, torch.tensor([token]))
@@ -94,7 +95,9 @@ def test_beam2_hand_computed_constrained_hypothesis() -> None:
     The best output that holds "a b" is "a b" (.03): the next best, "b a b", has .005.
     """
     model = FakeModel(hand_table)
-    [hyps] = constrained_search(model, torch.tensor([[EOS]]), [[[A, B_]]], beam_size=2, len_penalty=0.0, max_len_b=10)
+    [hyps] = constrained_search(
+        model, torch.tensor([[EOS]]), [[[A, B_]]], SearchSettings(beam_size=2, len_penalty=0.0, max_len_b=10)
+    )
     assert hyp_tuples(hyps) == [(A, B_)]
     assert hyps[0].log_prob == pytest.approx(math.log(0.03), abs=1e-5)
 
@@ -125,7 +128,7 @@ def test_wide_beam_equals_exhaustive_search_among_outputs_with_the_constraints(a
     model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
     src = fake_src(list(range(len(CONSTRAINT_SETS))), src_len=3)
     out = constrained_search(
-        model, src, CONSTRAINT_SETS, beam_size=16, len_penalty=alpha, max_len_a=0, max_len_b=3, nbest=16
+        model, src, CONSTRAINT_SETS, SearchSettings(beam_size=16, len_penalty=alpha, max_len_a=0, max_len_b=3), nbest=16
     )
     for s, (hyps, constraints) in enumerate(zip(out, CONSTRAINT_SETS, strict=True)):
         expected = exhaustive_with(tables[s], s, 3, alpha, constraints)
@@ -139,7 +142,9 @@ def test_constraints_are_placed_before_the_maximum_length(k: int) -> None:
     by the maximum length, 4 words, for every hypothesis."""
     src = fake_src([0, 1], src_len=2)
     sets = [[[B_, B_]], [[B_], [A, B_]]]
-    out = constrained_search(FakeModel(never_ending), src, sets, beam_size=k, max_len_a=0, max_len_b=4, nbest=k)
+    out = constrained_search(
+        FakeModel(never_ending), src, sets, SearchSettings(beam_size=k, max_len_a=0, max_len_b=4), nbest=k
+    )
     for hyps, constraints in zip(out, sets, strict=True):
         assert len(hyps) == k
         assert all(holds(h.tokens, constraints) and len(h.tokens) == 4 for h in hyps)
@@ -155,9 +160,9 @@ def test_a_completed_phrase_ends_its_word() -> None:
     src = fake_src(list(range(4)), src_len=3)
     continues_word = torch.zeros(6, dtype=torch.bool)
     continues_word[B_] = True
-    kwargs = dict(beam_size=16, nbest=16, len_penalty=0.6, max_len_a=0, max_len_b=3)
-    free = constrained_search(model, src, [[[A]]] * 4, **kwargs)
-    ended = constrained_search(model, src, [[[A]]] * 4, continues_word=continues_word, **kwargs)
+    settings = SearchSettings(beam_size=16, len_penalty=0.6, max_len_a=0, max_len_b=3)
+    free = constrained_search(model, src, [[[A]]] * 4, settings, nbest=16)
+    ended = constrained_search(model, src, [[[A]]] * 4, settings, nbest=16, continues_word=continues_word)
 
     def met_then_b(tokens: list[int]) -> bool:  # the first a meets the phrase
         return A in tokens and tokens.index(A) + 1 < len(tokens) and tokens[tokens.index(A) + 1] == B_
@@ -189,7 +194,10 @@ def test_word_continuations_are_the_pieces_without_a_word_start(prepared_toy: Co
 def test_constraints_longer_than_the_output_are_refused() -> None:
     with pytest.raises(ConstraintLengthError, match="sentence 1: the constraints need 4 tokens, the output may have 3"):
         constrained_search(
-            FakeModel(never_ending), fake_src([0, 1], 2), [[[A]], [[A, B_], [B_, B_]]], max_len_a=0, max_len_b=3
+            FakeModel(never_ending),
+            fake_src([0, 1], 2),
+            [[[A]], [[A, B_], [B_, B_]]],
+            SearchSettings(max_len_a=0, max_len_b=3),
         )
 
 
@@ -206,10 +214,14 @@ def test_without_constraints_equals_beam_search(k: int) -> None:
     src = torch.full((8, 7), PAD)
     for i, n in enumerate(src_lens):
         src[i, : n + 1] = torch.tensor([i + 10] + [7] * (n - 1) + [EOS])
-    plain = beam_search(model, src, beam_size=k, max_len_a=1.0, max_len_b=1, nbest=k)
-    none = constrained_search(model, src, [[]] * 8, beam_size=k, max_len_a=1.0, max_len_b=1, nbest=k)
+    plain = beam_search(model, src, SearchSettings(beam_size=k, max_len_a=1.0, max_len_b=1), nbest=k)
+    none = constrained_search(model, src, [[]] * 8, SearchSettings(beam_size=k, max_len_a=1.0, max_len_b=1), nbest=k)
     mixed = constrained_search(
-        model, src, [[]] * 4 + [[[B_]], [[A]], [[A, B_]], [[B_], [A]]], beam_size=k, max_len_a=1.0, max_len_b=1, nbest=k
+        model,
+        src,
+        [[]] * 4 + [[[B_]], [[A]], [[A, B_]], [[B_], [A]]],
+        SearchSettings(beam_size=k, max_len_a=1.0, max_len_b=1),
+        nbest=k,
     )
     for i in range(8):
         assert hyp_tuples(none[i]) == hyp_tuples(plain[i])
@@ -228,9 +240,11 @@ def test_a_sentence_does_not_depend_on_the_others_in_its_batch(k: int) -> None:
     model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
     src = fake_src(list(range(6)), src_len=4)
     constraints = [random_constraints(rng, [A, B_, 1], 2) for _ in range(6)]
-    batched = constrained_search(model, src, constraints, beam_size=k, nbest=k, max_len_b=3)
+    batched = constrained_search(model, src, constraints, SearchSettings(beam_size=k, max_len_b=3), nbest=k)
     for i in range(6):
-        alone = constrained_search(model, src[i : i + 1], constraints[i : i + 1], beam_size=k, nbest=k, max_len_b=3)
+        alone = constrained_search(
+            model, src[i : i + 1], constraints[i : i + 1], SearchSettings(beam_size=k, max_len_b=3), nbest=k
+        )
         assert batched[i] == alone[0]
         assert all(holds(h.tokens, constraints[i]) for h in batched[i])
 
@@ -257,14 +271,17 @@ def test_every_output_holds_its_constraints_on_a_real_model(tiny_model: Transfor
     constraints = [random_constraints(rng, list(range(4, 24)), 3) for _ in lengths]
     constraints[0] = [[7, 7], [7]]  # a phrase inside another's repetition
     out = constrained_search(
-        tiny_model, src, constraints, beam_size=4, nbest=4, max_len_b=6, no_repeat_ngram=no_repeat_ngram
+        tiny_model, src, constraints, SearchSettings(beam_size=4, max_len_b=6, no_repeat_ngram=no_repeat_ngram), nbest=4
     )
     for i, (hyps, phrases) in enumerate(zip(out, constraints, strict=True)):
         assert hyps and all(holds(h.tokens, phrases) for h in hyps), (i, phrases, hyp_tuples(hyps))
         alone = constrained_search(
-            tiny_model, src[i : i + 1, : lengths[i] + 1], [phrases], beam_size=4, nbest=4, max_len_b=6,
-            no_repeat_ngram=no_repeat_ngram,
-        )  # fmt: skip
+            tiny_model,
+            src[i : i + 1, : lengths[i] + 1],
+            [phrases],
+            SearchSettings(beam_size=4, max_len_b=6, no_repeat_ngram=no_repeat_ngram),
+            nbest=4,
+        )
         assert hyp_tuples(alone[0]) == hyp_tuples(hyps)
         assert [h.score for h in alone[0]] == pytest.approx([h.score for h in hyps], abs=1e-4)
 
@@ -272,8 +289,10 @@ def test_every_output_holds_its_constraints_on_a_real_model(tiny_model: Transfor
 def test_cached_equals_uncached_on_a_real_model(tiny_model: Transformer) -> None:
     src = torch.tensor([[5, 9, 11, 4, EOS], [8, 6, EOS, PAD, PAD]])
     constraints = [[[9, 10]], [[12], [13, 14]]]
-    cached = constrained_search(tiny_model, src, constraints, beam_size=3, nbest=3, max_len_b=5)
-    plain = constrained_search(tiny_model, src, constraints, beam_size=3, nbest=3, max_len_b=5, use_cache=False)
+    cached = constrained_search(tiny_model, src, constraints, SearchSettings(beam_size=3, max_len_b=5), nbest=3)
+    plain = constrained_search(
+        tiny_model, src, constraints, SearchSettings(beam_size=3, max_len_b=5), nbest=3, use_cache=False
+    )
     for c, p in zip(cached, plain, strict=True):
         assert hyp_tuples(c) == hyp_tuples(p)
 
@@ -283,10 +302,10 @@ def test_cached_equals_uncached_on_a_real_model(tiny_model: Transformer) -> None
 def test_real_cuda_equals_cpu(tiny_model: Transformer) -> None:
     src = torch.tensor([[5, 9, 11, 4, EOS], [8, 6, EOS, PAD, PAD]])
     constraints = [[[9, 10]], [[12], [13, 14]]]
-    cpu = constrained_search(tiny_model, src, constraints, beam_size=3, nbest=2, max_len_b=5)
+    cpu = constrained_search(tiny_model, src, constraints, SearchSettings(beam_size=3, max_len_b=5), nbest=2)
     gpu_model = Transformer(tiny_model.cfg, vocab_size=24).cuda().eval()
     gpu_model.load_state_dict(tiny_model.state_dict())
-    gpu = constrained_search(gpu_model, src.cuda(), constraints, beam_size=3, nbest=2, max_len_b=5)
+    gpu = constrained_search(gpu_model, src.cuda(), constraints, SearchSettings(beam_size=3, max_len_b=5), nbest=2)
     for c, g in zip(cpu, gpu, strict=True):
         assert hyp_tuples(c) == hyp_tuples(g)
         assert [h.score for h in c] == pytest.approx([h.score for h in g], abs=1e-3)
@@ -424,4 +443,4 @@ def test_cli_constraints_refuse_sampling(toy_ckpt: Path, toy_lines) -> None:
     sources, refs = toy_lines
     result = translate_cli("-c", str(toy_ckpt), "--constraints", "--sample", "topk:5", stdin=f"{sources[0]}\tx\n")
     assert result.exit_code == 2, result.output
-    assert "cannot be combined; drop --sample" in " ".join(result.output.split())
+    assert "cannot be combined with --sample" in " ".join(result.output.split())

@@ -17,6 +17,7 @@ from helpers import tiny_transformer
 from transformer_mt.data.bpe import EOS
 from transformer_mt.decode.continuous import ContinuousSearch
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,7 +52,7 @@ def assert_alone(
     model: Transformer, out: dict[int, list[Hypothesis]], srcs: list[list[int]], tolerance: float = 1e-4, **settings
 ) -> None:
     for i, src in enumerate(srcs):
-        alone = beam_search(model, pad_batch([src]), nbest=settings["beam_size"], **settings)[0]
+        alone = beam_search(model, pad_batch([src]), SearchSettings(**settings), nbest=settings["beam_size"])[0]
         assert [h.tokens for h in out[i]] == [h.tokens for h in alone], f"sentence {i}"
         assert [h.score for h in out[i]] == pytest.approx([h.score for h in alone], abs=tolerance)
 
@@ -68,7 +69,7 @@ SETTINGS = [
 def test_sentences_joining_a_running_search_get_their_search_alone(model: Transformer, settings: dict) -> None:
     srcs = sources(12, seed=1)
     arrivals = {0: [0, 1], 1: [2], 3: [3, 4, 5], 4: [6], 9: [7], 10: [8, 9], 17: [10], 30: [11]}
-    search = ContinuousSearch(model, max_positions=64, **settings)
+    search = ContinuousSearch(model, SearchSettings(max_positions=64, **settings))
     out = run(search, arrivals, srcs)
     assert sorted(out) == list(range(len(srcs))) and search.active == 0 and search.beams is None
     assert_alone(model, out, srcs, max_positions=64, **settings)
@@ -86,7 +87,11 @@ def test_an_int8_model_searches_continuously_as_alone(model: Transformer) -> Non
 
     quantized = quantize_int8(copy.deepcopy(model))
     srcs = sources(8, seed=6)
-    out = run(ContinuousSearch(quantized, beam_size=4, max_positions=64), {0: [0, 1, 2], 2: [3], 5: [4, 5, 6, 7]}, srcs)
+    out = run(
+        ContinuousSearch(quantized, SearchSettings(beam_size=4, max_positions=64)),
+        {0: [0, 1, 2], 2: [3], 5: [4, 5, 6, 7]},
+        srcs,
+    )
     assert_alone(quantized, out, srcs, tolerance=0.05, beam_size=4, max_positions=64)
 
 
@@ -96,7 +101,7 @@ def test_a_search_that_sentences_keep_joining_keeps_its_buffers_short(model: Tra
     dropped when they fill) instead of the hundreds of steps it runs."""
     srcs = sources(200, seed=2)
     arrivals = {2 * i: [2 * i, 2 * i + 1] for i in range(100)}
-    search = ContinuousSearch(model, beam_size=2, max_len_a=0.0, max_len_b=12, max_positions=64)
+    search = ContinuousSearch(model, SearchSettings(beam_size=2, max_len_a=0.0, max_len_b=12, max_positions=64))
     longest, steps, out = 0, 0, {}
     for step in range(400):
         joining = arrivals.get(step, [])
@@ -115,7 +120,7 @@ def test_a_search_that_sentences_keep_joining_keeps_its_buffers_short(model: Tra
 
 
 def test_add_checks_its_keys(model: Transformer) -> None:
-    search = ContinuousSearch(model)
+    search = ContinuousSearch(model, SearchSettings())
     with pytest.raises(ValueError, match="2 sources and 1 keys"):
         search.add(sources(2, seed=3), ["a"])
     search.add([], [])
@@ -126,7 +131,7 @@ def test_sentences_join_in_the_rows_that_others_left(model: Transformer) -> None
     """A join writes into the buffer rows that finished sentences let go (no new buffer), zeroes the positions
     before its start, and widens the cross-attention state for a longer source, masking the others' padding."""
     short, long = sources(6, seed=5, longest=6), [list(range(4, 20)) + [EOS]]
-    search = ContinuousSearch(model, beam_size=2, max_len_a=1.0, max_len_b=8, max_positions=64)
+    search = ContinuousSearch(model, SearchSettings(beam_size=2, max_len_a=1.0, max_len_b=8, max_positions=64))
     search.add(short, range(6))
     while search.active == 6:
         search.step()

@@ -17,6 +17,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,10 +38,10 @@ def tiny(seed: int, d_ff: int = 64) -> Transformer:
 def test_an_ensemble_of_a_model_with_itself_is_the_model(use_cache: bool) -> None:
     model = tiny(0)
     src = real_src([5, 9, 3, 1, 7], seed=5)
-    settings = dict(beam_size=4, nbest=4, max_len_a=1.0, max_len_b=5, use_cache=use_cache)
-    alone = beam_search(model, src, **settings)
+    settings = SearchSettings(beam_size=4, max_len_a=1.0, max_len_b=5)
+    alone = beam_search(model, src, settings, nbest=4, use_cache=use_cache)
     for members in ([model], [model, model], [model, model, model]):
-        together = beam_search(Ensemble(members), src, **settings)
+        together = beam_search(Ensemble(members), src, settings, nbest=4, use_cache=use_cache)
         for a, t in zip(alone, together, strict=True):
             assert hyp_tuples(t) == hyp_tuples(a)
             assert [h.score for h in t] == pytest.approx([h.score for h in a], abs=1e-5)
@@ -98,7 +99,9 @@ def test_the_search_over_an_ensemble_is_the_search_over_its_mean(k: int) -> None
     src = torch.full((6, 6), PAD)
     for i, n in enumerate(src_lens):
         src[i, : n + 1] = torch.tensor([i + 10] + [7] * (n - 1) + [EOS])
-    out = beam_search(Ensemble(models), src, beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=1, nbest=k)
+    out = beam_search(
+        Ensemble(models), src, SearchSettings(beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=1), nbest=k
+    )
     for i, hyps in enumerate(out):
         expected = reference_beam(mean_table([per_model[0][i], per_model[1][i]]), i, k, 0.6, src_lens[i] + 1)
         assert hyp_tuples(hyps) == [tuple(h.tokens) for h in expected]
@@ -110,7 +113,7 @@ def test_a_token_one_model_rules_out_is_ruled_out() -> None:
     """A zero-probability token of either model has -inf in the mean: the ensemble never emits it."""
     only_a = FakeModel(lambda s, prefix: [0.0, 0.0, 0.0, 0.5, 0.5, 0.0] if not prefix else [0, 0, 0, 1.0, 0, 0])
     mostly_b = FakeModel(lambda s, prefix: [0.0, 0.0, 0.0, 0.1, 0.1, 0.8] if not prefix else [0, 0, 0, 1.0, 0, 0])
-    [hyps] = beam_search(Ensemble([only_a, mostly_b]), torch.tensor([[10, EOS]]), beam_size=2, nbest=2)
+    [hyps] = beam_search(Ensemble([only_a, mostly_b]), torch.tensor([[10, EOS]]), SearchSettings(beam_size=2), nbest=2)
     assert sorted(hyp_tuples(hyps)) == [(), (A,)] and all(B_ not in h.tokens for h in hyps)
 
 

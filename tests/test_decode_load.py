@@ -44,7 +44,9 @@ def test_overrides_are_checked_once(toy_ckpt: Path) -> None:
     assert load_model([toy_ckpt], "cpu", ["decode.beam_size=2"]).config.decode.beam_size == 2
     with pytest.raises(ConfigError, match="only takes decode"):
         load_model([toy_ckpt], "cpu", ["train.lr=1"])
-    with pytest.raises(ConfigError, match=r"decode\.nbest \(5\) cannot exceed decode\.beam_size \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"decode\.nbest \(--nbest\) \(5\) .* cannot exceed decode\.beam_size \(--beam\) \(4\)"
+    ):
         load_model([toy_ckpt], "cpu", ["decode.beam_size=4", "decode.nbest=5"])
     with pytest.raises(LoadError, match="no checkpoint given"):
         load_model([], "cpu")

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.config import Sampling
 from transformer_mt.data.bpe import PAD
-from transformer_mt.decode.sampling import sample_search
+from transformer_mt.decode.sample import sample_search
 from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.decode.translate import TranslateError, Translator
 from transformer_mt.model.transformer import Transformer
 
@@ -36,8 +37,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_wide_forced_beam_equals_exhaustive_search_over_the_prefixed_hypotheses(prefix, alpha: float) -> None:
     tables = [random_table(seed, eos_bias=1.5) for seed in range(3)]  # EOS tempting: it may not come inside a prefix
     model = FakeModel(lambda s, p: tables[s - 10](s - 10, p))
-    out = beam_search(model, fake_src([0, 1, 2], 3), beam_size=12, len_penalty=alpha, max_len_a=0, max_len_b=3,
-                      nbest=12, prefixes=[list(prefix)] * 3)  # fmt: skip
+    out = beam_search(
+        model,
+        fake_src([0, 1, 2], 3),
+        SearchSettings(beam_size=12, len_penalty=alpha, max_len_a=0, max_len_b=3),
+        nbest=12,
+        prefixes=[list(prefix)] * 3,
+    )
     for s, hyps in enumerate(out):
         expected = [(sc, w) for sc, w in exhaustive(tables[s], s, 3, alpha, "gnmt") if w[: len(prefix)] == prefix]
         assert hyp_tuples(hyps) == [w for _, w in expected][:12]
@@ -47,7 +53,9 @@ def test_wide_forced_beam_equals_exhaustive_search_over_the_prefixed_hypotheses(
 def test_forced_tokens_count_in_the_score_and_eos_waits_for_the_prefix() -> None:
     table = lambda s, p: probs(eos=0.9, a=0.08, b=0.02)  # noqa: E731  (would end at once)
     for k in (1, 2):
-        (hyps,) = beam_search(FakeModel(table), fake_src([0], 3), beam_size=k, len_penalty=0.0, prefixes=[[B_, A]])
+        (hyps,) = beam_search(
+            FakeModel(table), fake_src([0], 3), SearchSettings(beam_size=k, len_penalty=0.0), prefixes=[[B_, A]]
+        )
         assert hyps[0].tokens == [B_, A]
         assert hyps[0].log_prob == pytest.approx(math.log(0.02) + math.log(0.08) + math.log(0.9), rel=1e-5)
 
@@ -56,24 +64,35 @@ def test_a_sentence_without_prefix_searches_as_without_prefixes() -> None:
     tables = [random_table(seed) for seed in range(3)]
     model = FakeModel(lambda s, p: tables[s - 10](s - 10, p))
     src = fake_src([0, 1, 2], 3)
-    plain = beam_search(model, src, beam_size=3, max_len_a=0, max_len_b=4, nbest=3)
-    mixed = beam_search(model, src, beam_size=3, max_len_a=0, max_len_b=4, nbest=3, prefixes=[[], [A, A], []])
+    plain = beam_search(model, src, SearchSettings(beam_size=3, max_len_a=0, max_len_b=4), nbest=3)
+    mixed = beam_search(
+        model, src, SearchSettings(beam_size=3, max_len_a=0, max_len_b=4), nbest=3, prefixes=[[], [A, A], []]
+    )
     assert mixed[0] == plain[0] and mixed[2] == plain[2]
     assert all(h.tokens[:2] == [A, A] for h in mixed[1])
-    assert beam_search(model, src, beam_size=3, max_len_a=0, max_len_b=4, nbest=3, prefixes=[[], [], []]) == plain
+    assert (
+        beam_search(model, src, SearchSettings(beam_size=3, max_len_a=0, max_len_b=4), nbest=3, prefixes=[[], [], []])
+        == plain
+    )
 
 
 def test_a_prefix_as_long_as_the_maximum_length_ends_there() -> None:
     model = FakeModel(lambda s, p: probs(eos=0.49, a=0.5, b=0.01))
-    (hyps,) = beam_search(model, fake_src([0], 3), beam_size=2, max_len_a=0, max_len_b=2, prefixes=[[B_, B_]], nbest=2)
+    (hyps,) = beam_search(
+        model, fake_src([0], 3), SearchSettings(beam_size=2, max_len_a=0, max_len_b=2), prefixes=[[B_, B_]], nbest=2
+    )
     assert [h.tokens for h in hyps] == [[B_, B_]]  # the one hypothesis there is, EOS forced after it
     assert hyps[0].log_prob == pytest.approx(2 * math.log(0.01) + math.log(0.49), rel=1e-5)
 
 
 def test_the_prefix_is_kept_where_it_repeats_an_ngram() -> None:
     model = FakeModel(lambda s, p: probs(eos=0.2, a=0.5, b=0.3))
-    (hyps,) = beam_search(model, fake_src([0], 3), beam_size=2, max_len_a=0, max_len_b=5, no_repeat_ngram=1,
-                          prefixes=[[A, A]])  # fmt: skip
+    (hyps,) = beam_search(
+        model,
+        fake_src([0], 3),
+        SearchSettings(beam_size=2, max_len_a=0, max_len_b=5, no_repeat_ngram=1),
+        prefixes=[[A, A]],
+    )
     assert hyps[0].tokens[:2] == [A, A] and A not in hyps[0].tokens[2:]
 
 
@@ -85,10 +104,16 @@ def test_samples_start_with_the_prefix() -> None:
                                     max_positions=64), vocab_size=24).eval()  # fmt: skip
     src = real_src([4, 7, 3], seed=1)
     sources = [[t for t in row if t != PAD] for row in src.tolist()]
-    out = sample_search(model, src, sources, Sampling("topp", 1.0), samples=3, max_len_b=8,
-                        prefixes=[[5, 6], [], [9]])  # fmt: skip
+    out = sample_search(
+        model,
+        src,
+        sources,
+        SearchSettings(sampling=Sampling("topp", 1.0), max_len_b=8),
+        samples=3,
+        prefixes=[[5, 6], [], [9]],
+    )
     assert all(h.tokens[:2] == [5, 6] for h in out[0]) and all(h.tokens[:1] == [9] for h in out[2])
-    plain = sample_search(model, src, sources, Sampling("topp", 1.0), samples=3, max_len_b=8)
+    plain = sample_search(model, src, sources, SearchSettings(sampling=Sampling("topp", 1.0), max_len_b=8), samples=3)
     assert out[1] == plain[1]
 
 

@@ -24,7 +24,8 @@ from transformer_mt.config import Config, ConfigError, Sampling, load_config, pa
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import override_config
-from transformer_mt.decode.sampling import draw, sample_search, sample_seed
+from transformer_mt.decode.sample import draw, sample_search, sample_seed
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.decode.translate import Translator
 from transformer_mt.model.transformer import Transformer
 
@@ -38,7 +39,9 @@ def first_tokens(sampling: Sampling, temperature: float = 1.0, seeds: int = 300)
     model = FakeModel(lambda s, prefix: FIRST if not prefix else probs(eos=1.0))
     counts: Counter = Counter()
     for seed in range(seeds):
-        (hyps,) = sample_search(model, fake_src([0], 3), [[7]], sampling, temperature, seed=seed)
+        (hyps,) = sample_search(
+            model, fake_src([0], 3), [[7]], SearchSettings(sampling=sampling, temperature=temperature, seed=seed)
+        )
         counts[hyps[0].tokens[0] if hyps[0].tokens else EOS] += 1
     return counts
 
@@ -97,7 +100,9 @@ def test_sampling_on_a_decoder_never_draws_outside_topk_and_draws_both() -> None
 
 def test_a_sample_ends_at_the_maximum_length_with_eos_forced() -> None:
     model = FakeModel(lambda s, prefix: probs(eos=0.01, a=0.99))
-    (hyps,) = sample_search(model, fake_src([0], 4), [[1]], Sampling("topk", 1), max_len_a=0.0, max_len_b=5)
+    (hyps,) = sample_search(
+        model, fake_src([0], 4), [[1]], SearchSettings(sampling=Sampling("topk", 1), max_len_a=0.0, max_len_b=5)
+    )
     assert hyps[0].tokens == [A] * 5
     assert hyps[0].log_prob == pytest.approx(5 * math.log(0.99) + math.log(0.01), rel=1e-5)  # the model's, EOS forced
     assert hyps[0].score == pytest.approx(hyps[0].log_prob / ((5 + 6) / 6) ** 0.6, rel=1e-6)
@@ -106,7 +111,9 @@ def test_a_sample_ends_at_the_maximum_length_with_eos_forced() -> None:
 def test_pad_and_bos_are_never_drawn() -> None:
     model = FakeModel(lambda s, prefix: [0.4, 0.0, 0.4, 0.1, 0.1, 0.0] if not prefix else probs(eos=1.0))
     for seed in range(50):
-        (hyps,) = sample_search(model, fake_src([0], 3), [[seed]], Sampling("topp", 1.0), seed=seed)
+        (hyps,) = sample_search(
+            model, fake_src([0], 3), [[seed]], SearchSettings(sampling=Sampling("topp", 1.0), seed=seed)
+        )
         assert all(t not in (PAD, BOS) for t in hyps[0].tokens)
 
 
@@ -132,16 +139,19 @@ def test_a_sentence_samples_alike_alone_and_in_any_batch(tiny_model: Transformer
     src = real_src([3, 9, 5, 12, 7, 4], seed=3)
     sources = ids_of(src)
     s = Sampling("topp", 0.95)
-    together = sample_search(tiny_model, src, sources, s, seed=4, samples=2, max_len_b=12)
-    alone = [sample_search(tiny_model, src[i : i + 1, : len(x)], [x], s, seed=4, samples=2, max_len_b=12)[0]
+    together = sample_search(tiny_model, src, sources, SearchSettings(sampling=s, seed=4, max_len_b=12), samples=2)
+    settings = SearchSettings(sampling=s, seed=4, max_len_b=12)
+    alone = [sample_search(tiny_model, src[i : i + 1, : len(x)], [x], settings, samples=2)[0]
              for i, x in enumerate(sources)]  # fmt: skip
     assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in alone]
     assert [h.log_prob for hyps in together for h in hyps] == pytest.approx(
         [h.log_prob for hyps in alone for h in hyps], rel=1e-4
     )
-    reversed_ = sample_search(tiny_model, src.flip(0), sources[::-1], s, seed=4, samples=2, max_len_b=12)[::-1]
+    reversed_ = sample_search(
+        tiny_model, src.flip(0), sources[::-1], SearchSettings(sampling=s, seed=4, max_len_b=12), samples=2
+    )[::-1]
     assert [[h.tokens for h in hyps] for hyps in reversed_] == [[h.tokens for h in hyps] for hyps in together]
-    other_seed = sample_search(tiny_model, src, sources, s, seed=5, samples=2, max_len_b=12)
+    other_seed = sample_search(tiny_model, src, sources, SearchSettings(sampling=s, seed=5, max_len_b=12), samples=2)
     assert [[h.tokens for h in hyps] for hyps in other_seed] != [[h.tokens for h in hyps] for hyps in together]
     assert any(hyps[0].tokens != hyps[1].tokens for hyps in together)  # two samples are two draws
 

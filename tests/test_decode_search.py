@@ -29,11 +29,10 @@ from transformer_mt.decode.search import (
     best_extensions,
     block_repeated_ngrams,
     kept_sentences,
-    length_penalty,
-    max_output_lengths,
     row_topk,
     step_log_probs,
 )
+from transformer_mt.decode.settings import SearchSettings, length_penalty, max_output_lengths
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -176,7 +175,9 @@ def test_beam2_hand_computed_hypotheses_and_scores() -> None:
             best live .015 cannot reach .30: done after 3 decoder steps although max length is 10.
     """
     model = FakeModel(hand_table)
-    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=10, nbest=2)
+    [hyps] = beam_search(
+        model, torch.tensor([[EOS]]), SearchSettings(beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=10), nbest=2
+    )
     assert hyp_tuples(hyps) == [(B_,), (A, A)]
     assert hyps[0].log_prob == pytest.approx(math.log(0.32), abs=1e-5)
     assert hyps[1].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
@@ -187,14 +188,20 @@ def test_beam2_hand_computed_hypotheses_and_scores() -> None:
 def test_beam2_gnmt_penalty_reorders_hypotheses() -> None:
     """alpha 1: b.EOS -> log .32 / ((5+2)/6) = -0.976; aa.EOS -> log .30 / ((5+3)/6) = -0.903: aa now wins."""
     [hyps] = beam_search(
-        FakeModel(hand_table), torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=3, nbest=2
+        FakeModel(hand_table),
+        torch.tensor([[EOS]]),
+        SearchSettings(beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=3),
+        nbest=2,
     )
     assert hyp_tuples(hyps) == [(A, A), (B_,)]
     assert hyps[0].score == pytest.approx(math.log(0.30) / (8 / 6), abs=1e-5)
     assert hyps[1].score == pytest.approx(math.log(0.32) / (7 / 6), abs=1e-5)
     assert hyps[0].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
     fair = beam_search(
-        FakeModel(hand_table), torch.tensor([[EOS]]), 2, 1.0, "fairseq", max_len_a=0, max_len_b=3, nbest=2
+        FakeModel(hand_table),
+        torch.tensor([[EOS]]),
+        SearchSettings(beam_size=2, len_penalty=1.0, len_penalty_form="fairseq", max_len_a=0, max_len_b=3),
+        nbest=2,
     )[0]
     assert hyp_tuples(fair) == [(A, A), (B_,)]  # log .30 / 3 = -0.401 beats log .32 / 2 = -0.570
     assert fair[0].score == pytest.approx(math.log(0.30) / 3, abs=1e-5)
@@ -202,7 +209,9 @@ def test_beam2_gnmt_penalty_reorders_hypotheses() -> None:
 
 def test_beam1_is_greedy_on_hand_table() -> None:
     """Greedy: a (.6), then a (.5), then EOS (1.0); beam 2 found b instead (higher probability, alpha 0)."""
-    [hyps] = beam_search(FakeModel(hand_table), torch.tensor([[EOS]]), beam_size=1, len_penalty=0.0, max_len_b=10)
+    [hyps] = beam_search(
+        FakeModel(hand_table), torch.tensor([[EOS]]), SearchSettings(beam_size=1, len_penalty=0.0, max_len_b=10)
+    )
     assert hyp_tuples(hyps) == [(A, A)]
     assert hyps[0].log_prob == pytest.approx(math.log(0.30), abs=1e-5)
 
@@ -223,7 +232,9 @@ def test_early_stop_waits_while_a_live_hypothesis_can_still_win() -> None:
     the search goes on and 'aa' (log .25 / (8/6) = -1.040) replaces 'a'. Stopping at k finished would miss it.
     """
     model = FakeModel(late_winner_table)
-    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10, nbest=2)
+    [hyps] = beam_search(
+        model, torch.tensor([[EOS]]), SearchSettings(beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10), nbest=2
+    )
     assert hyp_tuples(hyps) == [(), (A, A)]
     assert hyps[1].score == pytest.approx(math.log(0.25) / (8 / 6), abs=1e-5)
     assert model.decode_calls == 3  # then nothing live is left
@@ -234,9 +245,11 @@ def test_k_finished_stopping_ends_at_k_finished_hypotheses() -> None:
     two finished there, and the late winner 'aa' is never found."""
     model = FakeModel(late_winner_table)
     [hyps] = beam_search(
-        model, torch.tensor([[EOS]]), beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10, nbest=2,
-        stopping="k_finished",
-    )  # fmt: skip
+        model,
+        torch.tensor([[EOS]]),
+        SearchSettings(beam_size=2, len_penalty=1.0, max_len_a=0, max_len_b=10, stopping="k_finished"),
+        nbest=2,
+    )
     assert hyp_tuples(hyps) == [(), (A,)]
     assert hyps[1].score == pytest.approx(math.log(0.25) / (7 / 6), abs=1e-5)
     assert model.decode_calls == 2
@@ -250,7 +263,9 @@ def test_early_stop_bound_uses_max_length_penalty() -> None:
         return probs(eos=0.7, a=0.2, b=0.1)
 
     model = FakeModel(table)
-    [hyps] = beam_search(model, torch.tensor([[EOS]]), beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=40, nbest=2)
+    [hyps] = beam_search(
+        model, torch.tensor([[EOS]]), SearchSettings(beam_size=2, len_penalty=0.0, max_len_a=0, max_len_b=40), nbest=2
+    )
     # step 0: EOS .7 finished, live a .2, b .1; step 1: a.EOS .14 finished (2 now, worst .14); live aa .04 < .14: done.
     assert hyp_tuples(hyps) == [(), (A,)]
     assert model.decode_calls == 2
@@ -268,7 +283,9 @@ def test_max_length_forces_eos(beam: int) -> None:
     src = fake_src([0, 1, 2], src_len=3)
     src[2, 2:] = torch.tensor([EOS, PAD])  # third sentence: src_len 2
     model = FakeModel(never_ending)
-    out = beam_search(model, src, beam_size=beam, len_penalty=0.6, max_len_a=1.0, max_len_b=2, nbest=beam)
+    out = beam_search(
+        model, src, SearchSettings(beam_size=beam, len_penalty=0.6, max_len_a=1.0, max_len_b=2), nbest=beam
+    )
     for hyps, expected in zip(out, [5, 5, 4], strict=True):
         assert len(hyps) == beam
         assert all(len(h.tokens) == expected for h in hyps)
@@ -280,7 +297,9 @@ def test_max_length_forces_eos(beam: int) -> None:
 
 
 def test_max_positions_caps_length() -> None:
-    [hyps] = beam_search(FakeModel(never_ending), fake_src([0], 3), beam_size=2, max_len_b=50, max_positions=8)
+    [hyps] = beam_search(
+        FakeModel(never_ending), fake_src([0], 3), SearchSettings(beam_size=2, max_len_b=50, max_positions=8)
+    )
     assert len(hyps[0].tokens) == 7  # BOS + 7 tokens = 8 decoder positions
 
 
@@ -318,8 +337,12 @@ def test_wide_beam_equals_exhaustive_search(form: str, alpha: float) -> None:
     tables = [random_table(seed) for seed in range(3)]
     model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
     src = fake_src([0, 1, 2], src_len=3)
-    out = beam_search(model, src, beam_size=12, len_penalty=alpha, len_penalty_form=form, max_len_a=0, max_len_b=3,
-                      nbest=12)  # fmt: skip
+    out = beam_search(
+        model,
+        src,
+        SearchSettings(beam_size=12, len_penalty=alpha, len_penalty_form=form, max_len_a=0, max_len_b=3),
+        nbest=12,
+    )
     for s, hyps in enumerate(out):
         expected = exhaustive(tables[s], s, 3, alpha, form)[:12]
         assert hyp_tuples(hyps) == [w for _, w in expected]
@@ -367,7 +390,7 @@ def test_batched_beam_matches_reference_beam(k: int) -> None:
     src = torch.full((8, 7), PAD)
     for i, n in enumerate(src_lens):
         src[i, : n + 1] = torch.tensor([i + 10] + [7] * (n - 1) + [EOS])
-    out = beam_search(model, src, beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=1, nbest=k)
+    out = beam_search(model, src, SearchSettings(beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=1), nbest=k)
     for i, hyps in enumerate(out):
         expected = reference_beam(tables[i], i, k, 0.6, src_lens[i] + 1)
         assert hyp_tuples(hyps) == [tuple(h.tokens) for h in expected]
@@ -381,22 +404,22 @@ def test_cached_equals_uncached_on_fake() -> None:
     runs = []
     for use_cache in (True, False):
         model = FakeModel(lambda s, prefix: tables[s - 10](s - 10, prefix))
-        runs.append(beam_search(model, src, beam_size=3, nbest=3, max_len_b=2, use_cache=use_cache))
+        runs.append(beam_search(model, src, SearchSettings(beam_size=3, max_len_b=2), nbest=3, use_cache=use_cache))
     assert runs[0] == runs[1]
 
 
 def test_nbest_is_prefix_of_wider_nbest_and_validates() -> None:
     src = fake_src([0, 1], src_len=2)
     table = random_table(3, unk=True)
-    one = beam_search(FakeModel(table), src, beam_size=4, nbest=1, max_len_b=3)
-    four = beam_search(FakeModel(table), src, beam_size=4, nbest=4, max_len_b=3)
+    one = beam_search(FakeModel(table), src, SearchSettings(beam_size=4, max_len_b=3), nbest=1)
+    four = beam_search(FakeModel(table), src, SearchSettings(beam_size=4, max_len_b=3), nbest=4)
     assert [h[0] for h in one] == [h[0] for h in four]
     assert all(len(h) == 4 for h in four)
     assert all(h[i].score >= h[i + 1].score for h in four for i in range(3))
     with pytest.raises(ValueError, match="nbest"):
-        beam_search(FakeModel(table), src, beam_size=2, nbest=3)
+        beam_search(FakeModel(table), src, SearchSettings(beam_size=2), nbest=3)
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search(FakeModel(table), src, beam_size=0)
+        beam_search(FakeModel(table), src, SearchSettings(beam_size=0))
 
 
 # --- a real tiny Transformer -----------------------------------------------------------------------------------------
@@ -418,8 +441,10 @@ def real_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
 
 def test_real_cached_equals_uncached(tiny_model: Transformer) -> None:
     src = real_src([5, 9, 3, 7])
-    cached = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=1.0, max_len_b=6)
-    plain = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=1.0, max_len_b=6, use_cache=False)
+    cached = beam_search(tiny_model, src, SearchSettings(beam_size=4, max_len_a=1.0, max_len_b=6), nbest=4)
+    plain = beam_search(
+        tiny_model, src, SearchSettings(beam_size=4, max_len_a=1.0, max_len_b=6), nbest=4, use_cache=False
+    )
     for c, p in zip(cached, plain, strict=True):
         assert hyp_tuples(c) == hyp_tuples(p)
         assert [h.score for h in c] == pytest.approx([h.score for h in p], abs=1e-4)
@@ -430,8 +455,10 @@ def test_the_cache_grows_past_its_first_capacity_exactly(tiny_model: Transformer
     from transformer_mt.model.cache import MIN_CAPACITY
 
     src = real_src([5, 9, 3, 7], seed=2)
-    cached = beam_search(tiny_model, src, beam_size=3, nbest=3, max_len_a=0.0, max_len_b=40)
-    plain = beam_search(tiny_model, src, beam_size=3, nbest=3, max_len_a=0.0, max_len_b=40, use_cache=False)
+    cached = beam_search(tiny_model, src, SearchSettings(beam_size=3, max_len_a=0.0, max_len_b=40), nbest=3)
+    plain = beam_search(
+        tiny_model, src, SearchSettings(beam_size=3, max_len_a=0.0, max_len_b=40), nbest=3, use_cache=False
+    )
     assert max(len(h.tokens) for hyps in cached for h in hyps) > 2 * MIN_CAPACITY  # grown twice
     for c, p in zip(cached, plain, strict=True):
         assert hyp_tuples(c) == hyp_tuples(p)
@@ -441,9 +468,9 @@ def test_the_cache_grows_past_its_first_capacity_exactly(tiny_model: Transformer
 def test_real_batched_equals_one_at_a_time(tiny_model: Transformer) -> None:
     lengths = [5, 9, 3, 1, 12]
     src = real_src(lengths, seed=1)
-    batched = beam_search(tiny_model, src, beam_size=4, nbest=2, max_len_b=5)
+    batched = beam_search(tiny_model, src, SearchSettings(beam_size=4, max_len_b=5), nbest=2)
     for i, n in enumerate(lengths):
-        alone = beam_search(tiny_model, src[i : i + 1, : n + 1], beam_size=4, nbest=2, max_len_b=5)[0]
+        alone = beam_search(tiny_model, src[i : i + 1, : n + 1], SearchSettings(beam_size=4, max_len_b=5), nbest=2)[0]
         assert hyp_tuples(batched[i]) == hyp_tuples(alone)
         assert [h.score for h in batched[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
     assert len({len(h[0].tokens) for h in batched}) > 1  # sentences did end at different steps
@@ -467,7 +494,9 @@ def test_real_batched_cached_beam_equals_plain_reference(tiny_model: Transformer
     the plain one-sentence reference beam on full forward passes: same hypotheses, a padded batch of five."""
     lengths = [5, 9, 3, 1, 12]
     src = real_src(lengths, seed=4)
-    out = beam_search(tiny_model, src, beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=4, nbest=k)
+    out = beam_search(
+        tiny_model, src, SearchSettings(beam_size=k, len_penalty=0.6, max_len_a=1.0, max_len_b=4), nbest=k
+    )
     for i, n in enumerate(lengths):
         expected = reference_beam(model_table(tiny_model, src[i : i + 1, : n + 1]), i, k, 0.6, n + 4)
         assert hyp_tuples(out[i]) == [tuple(h.tokens) for h in expected]
@@ -493,7 +522,7 @@ def greedy_loop(model: Transformer, src: torch.Tensor, max_len: int) -> list[int
 def test_real_beam1_equals_greedy_loop(tiny_model: Transformer) -> None:
     lengths = [5, 9, 3, 2]
     src = real_src(lengths, seed=2)
-    out = beam_search(tiny_model, src, beam_size=1, max_len_a=1.0, max_len_b=3)
+    out = beam_search(tiny_model, src, SearchSettings(beam_size=1, max_len_a=1.0, max_len_b=3))
     for i, n in enumerate(lengths):
         assert out[i][0].tokens == greedy_loop(tiny_model, src[i : i + 1, : n + 1], n + 3)
 
@@ -527,13 +556,15 @@ def _ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
 def test_no_hypothesis_repeats_an_ngram_when_blocked(tiny_model: Transformer, n: int) -> None:
     """The tiny random model loops; with decode.no_repeat_ngram = n no hypothesis holds an n-gram twice."""
     src = real_src([5, 9, 3, 7, 12], seed=2)
-    plain = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=2.0, max_len_b=10)
+    plain = beam_search(tiny_model, src, SearchSettings(beam_size=4, max_len_a=2.0, max_len_b=10), nbest=4)
     assert any(len(set(_ngrams(h.tokens, n))) < len(_ngrams(h.tokens, n)) for hyps in plain for h in hyps)
-    blocked = beam_search(tiny_model, src, beam_size=4, nbest=4, max_len_a=2.0, max_len_b=10, no_repeat_ngram=n)
+    blocked = beam_search(
+        tiny_model, src, SearchSettings(beam_size=4, max_len_a=2.0, max_len_b=10, no_repeat_ngram=n), nbest=4
+    )
     for hyps in blocked:
         assert hyps and all(len(set(_ngrams(h.tokens, n))) == len(_ngrams(h.tokens, n)) for h in hyps)
-    assert beam_search(tiny_model, src, beam_size=4, max_len_b=10, no_repeat_ngram=0) == beam_search(
-        tiny_model, src, beam_size=4, max_len_b=10
+    assert beam_search(tiny_model, src, SearchSettings(beam_size=4, max_len_b=10, no_repeat_ngram=0)) == beam_search(
+        tiny_model, src, SearchSettings(beam_size=4, max_len_b=10)
     )  # 0 is off
 
 
@@ -543,7 +574,7 @@ def test_unk_is_a_possible_token() -> None:
     def table(s: int, prefix: tuple[int, ...]) -> list[float]:
         return probs(unk=0.9, eos=0.1) if not prefix else probs(eos=1.0)
 
-    [hyps] = beam_search(FakeModel(table), torch.tensor([[EOS]]), beam_size=1)
+    [hyps] = beam_search(FakeModel(table), torch.tensor([[EOS]]), SearchSettings(beam_size=1))
     assert hyps[0].tokens == [UNK]
 
 
@@ -551,10 +582,10 @@ def test_unk_is_a_possible_token() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_cuda_equals_cpu(tiny_model: Transformer) -> None:
     src = real_src([5, 9, 3, 7], seed=3)
-    cpu = beam_search(tiny_model, src, beam_size=4, nbest=2, max_len_b=6)
+    cpu = beam_search(tiny_model, src, SearchSettings(beam_size=4, max_len_b=6), nbest=2)
     gpu_model = Transformer(tiny_model.cfg, vocab_size=24).cuda().eval()
     gpu_model.load_state_dict(tiny_model.state_dict())
-    gpu = beam_search(gpu_model, src.cuda(), beam_size=4, nbest=2, max_len_b=6)
+    gpu = beam_search(gpu_model, src.cuda(), SearchSettings(beam_size=4, max_len_b=6), nbest=2)
     for c, g in zip(cpu, gpu, strict=True):
         assert hyp_tuples(c) == hyp_tuples(g)
         assert [h.score for h in c] == pytest.approx([h.score for h in g], abs=1e-3)
@@ -609,10 +640,10 @@ def test_best_extensions_in_slices_equal_the_whole_step(tiny_model: Transformer,
 def test_beam_search_is_the_same_projected_in_slices(tiny_model: Transformer, monkeypatch) -> None:
     """Translations and scores do not depend on how many rows of logits a step projects at a time."""
     src = real_src([5, 9, 3, 7, 12, 2, 8], seed=6)
-    kwargs = dict(beam_size=4, nbest=4, max_len_b=8, no_repeat_ngram=2, prefixes=[[], [5], [], [], [6, 7], [], []])
-    whole = beam_search(tiny_model, src, **kwargs)
+    settings, prefixes = SearchSettings(beam_size=4, max_len_b=8, no_repeat_ngram=2), [[], [5], [], [], [6, 7], [], []]
+    whole = beam_search(tiny_model, src, settings, nbest=4, prefixes=prefixes)
     monkeypatch.setattr(search, "PROJECTED_ROWS", 3)
-    sliced = beam_search(tiny_model, src, **kwargs)
+    sliced = beam_search(tiny_model, src, settings, nbest=4, prefixes=prefixes)
     for a, b in zip(sliced, whole, strict=True):
         assert hyp_tuples(a) == hyp_tuples(b)
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)

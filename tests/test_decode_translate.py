@@ -110,7 +110,7 @@ def test_nbest(translator: Translator, test_lines: list[str]) -> None:
         assert all(h.log_prob <= 0 for h in hyps)
     assert results[0][0].text == translator.translate_lines(test_lines[:1])[0]
     assert results[3][0].text == ""
-    with pytest.raises(TranslateError, match="beam size"):
+    with pytest.raises(TranslateError, match=r"--nbest \(4\) must be at least 1 and cannot exceed --beam \(3\)"):
         translator.translate_lines_nbest(test_lines[:1], nbest=4)
 
 
@@ -240,7 +240,9 @@ def test_overlong_line_is_truncated_with_warning(ckpts: list[Path], test_lines: 
 
 
 def test_bad_flags(ckpts: list[Path]) -> None:
-    with pytest.raises(UserError, match=r"decode.nbest \(3\) cannot exceed decode.beam_size \(2\)"):
+    with pytest.raises(
+        UserError, match=r"decode.nbest \(--nbest\) \(3\) .* cannot exceed decode.beam_size \(--beam\) \(2\)"
+    ):
         Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(beam=2, nbest=3))
     with pytest.raises(UserError, match="decode.beam_size must be positive, got 0"):
         Translator.from_checkpoints(ckpts[:1], device="cpu", overrides=decode_flags(beam=0))

@@ -28,7 +28,8 @@ from transformer_mt.cli import app
 from transformer_mt.config import Config, ConfigError, ModelConfig, config_from_dict
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.decode.load import decode_flags
-from transformer_mt.decode.search import beam_search, max_output_lengths
+from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings, max_output_lengths
 from transformer_mt.decode.translate import TranslateError, Translator, load_translator, pad_batch
 from transformer_mt.errors import UserError
 from transformer_mt.export import ExportError, check_exportable, export_ctranslate2, require_ctranslate2
@@ -81,8 +82,11 @@ def ends_before_max_length(checkpoint: Path, lines: list[str], beam: int, **sear
     d, positions = translator.cfg.decode, translator.cfg.model.max_positions
     src = pad_batch([translator.encode(i, line) for i, line in enumerate(lines)])
     search = {"len_penalty": 0.0} | search
-    hyps = beam_search(translator.model, src, beam_size=beam, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-                       max_positions=positions, **search)  # fmt: skip
+    hyps = beam_search(
+        translator.model,
+        src,
+        SearchSettings(beam_size=beam, max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=positions, **search),
+    )
     limits = max_output_lengths(src, d.max_len_a, d.max_len_b, positions).tolist()
     return [len(h[0].tokens) < limit for h, limit in zip(hyps, limits, strict=True)]
 

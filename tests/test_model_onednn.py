@@ -14,6 +14,7 @@ from torch import nn
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import PAD
 from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.decode.translate import Translator
 from transformer_mt.model.onednn import (
     OneDnnLinear,
@@ -74,7 +75,7 @@ def test_onednn_model_decodes_as_the_model() -> None:
     src[1, 6:] = PAD
     with torch.no_grad():
         reference = model(src, src[:, :7])
-        before = beam_search(model, src, beam_size=3, max_len_a=0, max_len_b=12)
+        before = beam_search(model, src, SearchSettings(beam_size=3, max_len_a=0, max_len_b=12))
     fast = use_onednn_linears(model)
     assert fast is model and not any(type(m) is nn.Linear for m in fast.modules())
     assert fast.decoder[0].ffn.fc1.weight is fast.state_dict(keep_vars=True)["decoder.0.ffn.fc1.weight"]
@@ -82,7 +83,7 @@ def test_onednn_model_decodes_as_the_model() -> None:
     assert fast.state_dict().keys() == make_model().state_dict().keys()
     with torch.no_grad():
         torch.testing.assert_close(fast(src, src[:, :7]), reference, atol=1e-4, rtol=1e-4)
-    after = beam_search(fast, src, beam_size=3, max_len_a=0, max_len_b=12)
+    after = beam_search(fast, src, SearchSettings(beam_size=3, max_len_a=0, max_len_b=12))
     assert [[h.tokens for h in hyps] for hyps in after] == [[h.tokens for h in hyps] for hyps in before]
 
 

@@ -19,6 +19,7 @@ from transformer_mt.cli import app
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import EOS, PAD
 from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.decode.translate import Translator
 from transformer_mt.model.quantize import Int8Linear, QuantizeError, quantize_int8
 from transformer_mt.model.transformer import Transformer
@@ -101,9 +102,9 @@ def test_int8_beam_search_of_a_batch_equals_one_sentence_at_a_time() -> None:
     quantized = quantize_int8(make_model())
     lengths = [5, 9, 3, 12, 7, 4, 10, 6]
     src = sources(lengths)
-    batched = beam_search(quantized, src, beam_size=4, max_len_b=8, nbest=4)
+    batched = beam_search(quantized, src, SearchSettings(beam_size=4, max_len_b=8), nbest=4)
     for i, n in enumerate(lengths):
-        alone = beam_search(quantized, src[i : i + 1, : n + 1], beam_size=4, max_len_b=8, nbest=4)[0]
+        alone = beam_search(quantized, src[i : i + 1, : n + 1], SearchSettings(beam_size=4, max_len_b=8), nbest=4)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]  # the same n-best lists
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-4)  # float rounding
 
@@ -123,8 +124,8 @@ def test_int8_logits_stay_close_to_fp32(changes: dict) -> None:
 def test_int8_beam_search_mostly_agrees_with_fp32() -> None:
     model = make_model()
     src = sources([5, 9, 3, 12, 7, 4, 10, 6])
-    exact = beam_search(model, src, beam_size=4, max_len_b=8)
-    approx = beam_search(quantize_int8(model), src, beam_size=4, max_len_b=8)
+    exact = beam_search(model, src, SearchSettings(beam_size=4, max_len_b=8))
+    approx = beam_search(quantize_int8(model), src, SearchSettings(beam_size=4, max_len_b=8))
     same = sum(e[0].tokens == a[0].tokens for e, a in zip(exact, approx, strict=True))
     assert same >= 6
 
@@ -147,8 +148,26 @@ def test_translate_and_evaluate_take_quantize_int8(prepared_toy: Config, tmp_pat
     result = runner.invoke(app, [*args, "-o", str(tmp_path / "out.de")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out.de").read_text(encoding="utf-8").count("\n") == 3
-    result = runner.invoke(app, ["evaluate", "-c", str(checkpoint), "--src", str(source), "--ref", str(source),
-                                 "-o", str(tmp_path / "eval"), "-b", "1", "--device", "cpu", "--quantize", "int8"])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "-c",
+            str(checkpoint),
+            "--src",
+            str(source),
+            "--ref",
+            str(source),
+            "-o",
+            str(tmp_path / "eval"),
+            "-b",
+            "1",
+            "--device",
+            "cpu",
+            "--quantize",
+            "int8",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert '"quantize": "int8"' in (tmp_path / "eval" / "scores.json").read_text(encoding="utf-8")
     result = runner.invoke(app, [*args[:-1], "int4"])

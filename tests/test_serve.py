@@ -436,7 +436,7 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
         r = client.post("/v1/attention", json={"text": lines[0]})
         assert r.status_code == 400 and "engine pytorch" in r.json()["error"]
         r = client.post("/v1/translate", json={"sources": lines[:1], "alignment": "hard"})
-        assert r.status_code == 400 and "--alignment reads the attention of one tmt model" in r.json()["error"]
+        assert r.status_code == 400 and "'alignment' reads the attention of one tmt model" in r.json()["error"]
         r = client.post("/v1/translate", json={"sources": lines[:1], "constraints": [["Hund"]]})
         assert r.status_code == 400 and "CTranslate2 has no lexical constraints" in r.json()["error"]
     assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged

@@ -637,7 +637,7 @@ def translate(
     with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
-    _check_translate_args(ctx.args, checkpoint, constraints, engine)
+    _check_translate_args(ctx.args, checkpoint, constraints, engine, ensemble, prefix_file is not None)
     threads_for(threads, verbose)
     overrides = decode_overrides(
         set_, quantize, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, sample=sample,
@@ -650,18 +650,21 @@ def translate(
     _translate_lines(checkpoint, input, output, window_lines, buffer_lines, settings)
 
 
-def _check_translate_args(args: list[str], checkpoint: list[Path], constraints: bool, engine: Engine) -> None:
+def _check_translate_args(
+    args: list[str], checkpoint: list[Path], constraints: bool, engine: Engine, ensemble: bool, prefixes: bool
+) -> None:
     """Refuse what translate cannot do before a model is loaded: a file given without -i (typer takes it as an extra
-    argument; the error names the -i it meant) and --constraints with CTranslate2, whose search has none."""
-    from transformer_mt.decode.translate import CONSTRAINTS_ENGINE
+    argument; the error names the -i it meant) and the choices that cannot combine whatever the checkpoint says
+    (`mode_conflict`: constraints with CTranslate2 or prefixes, an ensemble of exports)."""
+    from transformer_mt.config import DecodeMode
+    from transformer_mt.decode.translate import check_mode
 
     if args:
         raise UserError(
             f"tmt translate reads the file given with -i (or stdin), not a file named after the options: "
             f"tmt translate -c {checkpoint[0] if checkpoint else 'CHECKPOINT'} -i {args[0]}"
         )
-    if constraints and engine is Engine.ctranslate2:
-        raise UserError(CONSTRAINTS_ENGINE)
+    check_mode(DecodeMode(constraints=constraints, prefixes=prefixes, engine=engine.value, ensemble=ensemble))
 
 
 def _translate_lines(

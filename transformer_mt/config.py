@@ -33,6 +33,10 @@ class ConfigError(UserError):
     """A configuration problem a user can fix; the message says how."""
 
 
+PenaltyForm = Literal["gnmt", "fairseq"]  # gnmt: ((5+len)/6)^alpha (the paper's); fairseq: len^alpha
+Stopping = Literal["exact", "k_finished"]  # decode.stopping, see DecodeConfig
+
+
 @dataclass
 class DataConfig:
     """Where the parallel text is and how it is cleaned.
@@ -152,7 +156,7 @@ class DecodeConfig:
 
     beam_size: int = 4
     len_penalty: float = 0.6  # alpha of the length penalty
-    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt"  # gnmt: ((5+len)/6)^alpha; fairseq: len^alpha
+    len_penalty_form: PenaltyForm = "gnmt"  # gnmt: ((5+len)/6)^alpha; fairseq: len^alpha
     max_len_a: float = 1.0  # max output length = max_len_a * source length + max_len_b
     max_len_b: int = 50
     batch_tokens: int = 8000  # source tokens per translation batch
@@ -161,7 +165,7 @@ class DecodeConfig:
     quantize: Literal["none", "int8"] = "none"  # deviation: int8 Linear layers, a scale per input row (CPU only)
     # exact: a sentence ends when no live hypothesis can still win (the paper's tensor2tensor); deviation
     # k_finished: it ends once k hypotheses have finished (fairseq's and CTranslate2's rule, fewer steps)
-    stopping: Literal["exact", "k_finished"] = "exact"
+    stopping: Stopping = "exact"
     # deviation: draw each token instead of searching; "none" (the paper's beam search), "topk:K" (from the K most
     # probable tokens) or "topp:P" (from the fewest most probable tokens holding probability P); beam_size 1
     sampling: str = "none"
@@ -199,6 +203,84 @@ def parse_sampling(text: str) -> Sampling | None:
     if kind == "topp" and 0 < number <= 1:
         return Sampling("topp", number)
     raise ConfigError(f"decode.sampling {text!r} (--sample): {SAMPLING_FIX}")
+
+
+@dataclass(frozen=True)
+class DecodeMode:
+    """What one translation request combines: the decode section's choices and the caller's own (constraints,
+    prefixes, an engine, an ensemble). `mode_conflict` judges it, for the CLI, a config file and the server alike."""
+
+    sampling: bool = False
+    beam: int = 4
+    nbest: int = 1
+    constraints: bool = False
+    prefixes: bool = False
+    alignment: bool = False
+    engine: str = "pytorch"  # or "ctranslate2": another engine's search
+    ensemble: bool = False
+
+    @classmethod
+    def of(cls, d: DecodeConfig, nbest: int | None = None, **given: Any) -> DecodeMode:
+        """The mode of the decode section ``d`` (``nbest``: the caller's, default ``d.nbest``) and ``given``."""
+        sampling = d.sampling != "none"
+        return cls(sampling, d.beam_size, d.nbest if nbest is None else nbest, alignment=d.alignment != "none", **given)
+
+
+CLI_NAMES = {
+    "sampling": "--sample", "beam": "--beam", "nbest": "--nbest", "constraints": "--constraints",
+    "prefixes": "--prefix-file", "alignment": "--alignment", "engine": "--engine ctranslate2", "ensemble": "--ensemble",
+    "one_beam": "pass --beam 1",
+}  # fmt: skip
+"""How `tmt translate` and `tmt evaluate` users spell each choice of a `DecodeMode`, for `mode_conflict`'s messages."""
+CONFIG_NAMES = {**CLI_NAMES, "sampling": "decode.sampling (--sample)", "beam": "decode.beam_size (--beam)",
+                "nbest": "decode.nbest (--nbest)", "one_beam": "pass --beam 1 (decode.beam_size: 1)"}  # fmt: skip
+API_NAMES = {
+    "sampling": "'sample'", "beam": "'beam'", "nbest": "'nbest'", "constraints": "'constraints'",
+    "prefixes": "'prefixes'", "alignment": "'alignment'", "engine": "this server's CTranslate2 engine",
+    "ensemble": "this server's ensemble", "one_beam": "send 'beam': 1",
+}  # fmt: skip
+
+
+def mode_conflict(mode: DecodeMode, names: dict[str, str] = CLI_NAMES) -> tuple[str, str] | None:
+    """The first rule ``mode`` breaks, as (the choice at fault, a message spelled with ``names``), or None.
+
+    Every rule about which decoding choices combine is here, so that the
+    command line, a config file and the server's API refuse the same
+    requests: a sample takes no beam; n-best within the beam (any number of
+    samples); constraints need tmt's own beam search without prefixes;
+    an ensemble and word alignments need tmt's own models.
+    """
+    n = names
+    if mode.sampling and mode.beam > 1:
+        return "beam", (
+            f"{n['sampling']} draws one token at a time and takes no beam ({n['beam']} is {mode.beam}): "
+            f"{n['one_beam']}, or drop {n['sampling']} to search with the beam; {n['nbest']} K gives K samples"
+        )
+    if mode.nbest < 1 or (mode.nbest > mode.beam and not mode.sampling):
+        return "nbest", f"{n['nbest']} ({mode.nbest}) must be at least 1 and cannot exceed {n['beam']} ({mode.beam})"
+    if mode.constraints:
+        other = next((c for c in ("sampling", "prefixes") if getattr(mode, c)), None)
+        if other is not None:
+            return "constraints", (
+                f"{n['constraints']} cannot be combined with {n[other]}: the constraints are placed by a beam "
+                f"search of their own; drop {n[other]} to translate with the constraints"
+            )
+        if mode.engine != "pytorch":
+            return "constraints", (
+                f"{n['constraints']} needs tmt's own search (--engine pytorch): CTranslate2 has no lexical "
+                "constraints; translate with the checkpoint the export came from"
+            )
+    if mode.ensemble and mode.engine != "pytorch":
+        return "ensemble", (
+            f"{n['ensemble']} runs tmt's own search over tmt checkpoints (--engine pytorch); {n['engine']} decodes "
+            "one exported model"
+        )
+    if mode.alignment and (mode.ensemble or mode.engine != "pytorch"):
+        return "alignment", (
+            f"{n['alignment']} reads the attention of one tmt model: use --engine pytorch with one checkpoint (or "
+            "several averaged, without --ensemble)"
+        )
+    return None
 
 
 @dataclass
@@ -466,8 +548,6 @@ def validate(cfg: Config) -> None:
             f"decode.alignment_layer {cfg.decode.alignment_layer}: the model has decoder layers 1 to "
             f"{cfg.model.decoder_layers} (0: the top one)"
         )
-    if cfg.decode.nbest > cfg.decode.beam_size and cfg.decode.sampling == "none":  # K samples need no beam
-        raise ConfigError(f"decode.nbest ({cfg.decode.nbest}) cannot exceed decode.beam_size ({cfg.decode.beam_size})")
     if not cfg.train.save_dir.strip():
         raise ConfigError("train.save_dir is empty; it names the run directory, e.g. runs/my_run")
     if not (math.isfinite(cfg.train.weight_decay) and cfg.train.weight_decay >= 0):
@@ -567,12 +647,12 @@ def _validate_decode(d: DecodeConfig) -> None:
 
 
 def _validate_sampling(d: DecodeConfig) -> None:
-    """A sample is drawn one token at a time: one hypothesis per draw, so no beam; a temperature above 0."""
-    if parse_sampling(d.sampling) is not None and d.beam_size > 1:
-        raise ConfigError(
-            f"--sample {d.sampling} draws one token at a time and takes no beam (decode.beam_size is {d.beam_size}): "
-            "pass --beam 1, or drop --sample to search with the beam; --nbest K gives K samples"
-        )
+    """A sampling setting that reads, a mode that combines (`mode_conflict`: a sample takes no beam, n-best
+    within the beam); a temperature above 0."""
+    parse_sampling(d.sampling)
+    conflict = mode_conflict(DecodeMode.of(d), CONFIG_NAMES)
+    if conflict is not None:
+        raise ConfigError(conflict[1])
     if not (math.isfinite(d.sampling_temperature) and d.sampling_temperature > 0):
         raise ConfigError(
             f"--temperature (decode.sampling_temperature) must be above 0 (1: the model's own distribution), "

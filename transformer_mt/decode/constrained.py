@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import sentencepiece as spm
 import torch
@@ -72,20 +72,21 @@ from transformer_mt.data.bpe import EOS, UNK
 from transformer_mt.data.clean import normalize
 from transformer_mt.decode.search import (
     NEG_INF,
+    Beams,
+    Choice,
+    Finished,
     Hypothesis,
-    _advance,
-    _Beams,
-    _collect_finished,
-    _Finished,
-    _next_log_probs,
-    _sentences_done,
-    _start,
+    StepRules,
     block_repeated_ngrams,
+    collect_finished,
     force_eos_at_max_len,
     kept_sentences,
-    max_output_lengths,
     row_topk,
+    search,
+    sentences_done,
+    step_log_probs,
 )
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.errors import UserError
 
 Constraints = Sequence[Sequence[int]]
@@ -134,7 +135,7 @@ def phrase_table(constraints: Sequence[Constraints], device: torch.device | str 
 
 
 @dataclass(frozen=True)
-class Progress:
+class ConstraintState:
     """The constraint state of R hypotheses (module docstring, rule 1)."""
 
     met: Tensor  # (R, C) bool: constraints in the output already; the empty places of a short list count as met
@@ -143,14 +144,14 @@ class Progress:
     ended: Tensor  # (R,) bool: the last token completed a phrase
 
     @classmethod
-    def start(cls, phrases: _Phrases) -> Progress:
+    def start(cls, phrases: _Phrases) -> ConstraintState:
         """Nothing generated yet: nothing met, no phrase in progress."""
         met = phrases.lengths == 0
         none = torch.zeros(met.shape[0], dtype=torch.long, device=met.device)
         return cls(met, torch.zeros_like(met), none, none.bool())
 
-    def select(self, index: Tensor) -> Progress:
-        return Progress(*(x.index_select(0, index) for x in (self.met, self.cand, self.prog, self.ended)))
+    def select(self, index: Tensor) -> ConstraintState:
+        return ConstraintState(*(x.index_select(0, index) for x in (self.met, self.cand, self.prog, self.ended)))
 
     def met_tokens(self, phrases: _Phrases) -> Tensor:
         """(R,) constraint tokens met, the partial phrase included: the hypothesis' bank."""
@@ -164,7 +165,7 @@ class Progress:
         open_ = torch.where(self.prog[:, None] > 0, self.cand, ~self.met) & (pos < phrases.lengths)
         return tokens.masked_fill(~open_, -1)
 
-    def extend(self, phrases: _Phrases, tokens: Tensor) -> Progress:
+    def extend(self, phrases: _Phrases, tokens: Tensor) -> ConstraintState:
         """The state after appending ``tokens`` (R,), one per hypothesis; ``phrases`` has one row per hypothesis."""
         advances = self.next_tokens(phrases) == tokens[:, None]  # (R, C)
         go_on = (self.prog > 0) & advances.any(dim=1)  # the phrase in progress continues
@@ -174,7 +175,7 @@ class Progress:
         complete = cand & (phrases.lengths == prog[:, None])
         first = complete & (complete.long().cumsum(dim=1) == 1)  # of equal phrases, one is met per occurrence
         ended = complete.any(dim=1)
-        return Progress(self.met | first, cand & ~ended[:, None], prog.masked_fill(ended, 0), ended)
+        return ConstraintState(self.met | first, cand & ~ended[:, None], prog.masked_fill(ended, 0), ended)
 
 
 def contains_constraints(tokens: Sequence[int], constraints: Constraints) -> bool:
@@ -182,69 +183,100 @@ def contains_constraints(tokens: Sequence[int], constraints: Constraints) -> boo
     if not constraints:
         return True
     phrases = phrase_table([constraints])
-    state = Progress.start(phrases)
+    state = ConstraintState.start(phrases)
     for token in tokens:
         state = state.extend(phrases, torch.tensor([token]))
     return bool(state.met.all())
 
 
-@torch.no_grad()
+class ConstrainedStep:
+    """A step of the constrained search (rules 1-7): the candidates (`_expand`) and the banks' places for the
+    finished and the live ones (`_choose`). It holds the constraint state of the live hypotheses and the phrases
+    of the active sentences, kept in step with the search's rows."""
+
+    score_dtype = torch.float32
+
+    def __init__(self, settings: SearchSettings, phrases: _Phrases, continues_word: Tensor | None = None) -> None:
+        self.settings, self.phrases, self.continues_word = settings, phrases, continues_word
+        self.state = ConstraintState.start(phrases)
+        self.width = settings.beam_size
+
+    def __call__(
+        self, model: Any, features: Tensor, beams: Beams, finished: Finished, step: int | Tensor,
+        rules: StepRules, bos: Tensor | None = None,
+    ) -> Choice:  # fmt: skip
+        assert isinstance(step, int), "a constrained search runs in rounds, every sentence at the same step"
+        cands, after, bank = self._expand(step_log_probs(model.logits(features)), beams, rules, step)
+        return self._choose(finished, beams, cands, after, bank, step)
+
+    def _expand(
+        self, lprobs: Tensor, beams: Beams, rules: StepRules, step: int
+    ) -> tuple[_Candidates, ConstraintState, Tensor]:
+        """One step's candidates (rules 2, 4-7) with the constraint state each would have and its bank (n, M).
+
+        Split from `_choose` so that what a step proposes and what it keeps
+        can be read apart: here nothing is decided, every candidate is scored.
+        """
+        w, k = beams.width, self.width
+        device = beams.sent.device
+        rows = torch.arange(beams.sent.numel(), device=device).repeat_interleave(w)  # sentence of each row
+        row_phrases = self.phrases.select(rows)
+        nxt = self.state.next_tokens(row_phrases)  # (n*w, C)
+        lprobs = _restrict(lprobs, beams, rules, self.state, row_phrases, nxt, step, self.settings.no_repeat_ngram,
+                           self.continues_word)  # fmt: skip
+        cands = _candidates(beams.scores, lprobs, nxt, k)
+        sentence = torch.arange(beams.sent.numel(), device=device)[:, None].expand_as(cands.beam).flatten()
+        cand_phrases = self.phrases.select(sentence)  # (n*M) rows: one per candidate
+        after = self.state.select(sentence * w + cands.beam.flatten()).extend(cand_phrases, cands.token.flatten())
+        bank = after.met_tokens(cand_phrases).view_as(cands.score)
+        return cands, after, bank
+
+    def _choose(
+        self, finished: Finished, beams: Beams, cands: _Candidates, after: ConstraintState, bank: Tensor, step: int
+    ) -> Choice:
+        """Rules 3-4: the banks' places for the EOS candidates (finished, into ``finished``) and for the live
+        ones; the constraint state and phrases move on with the sentences that are not done."""
+        k, total = self.width, self.phrases.total
+        chosen = _allocate(cands.score, bank, total, k)  # the EOS candidates given a place are finished (rule 4)
+        collect_finished(finished, beams, *cands.take(chosen), step, self.settings)
+        not_eos = cands.score.masked_fill(cands.token == EOS, NEG_INF)
+        live = _allocate(not_eos, bank, total, k)
+        _, live_beam, live_token = cands.take(live)
+        live_scores = not_eos.gather(1, live)
+        done = sentences_done(finished, beams, live_scores, step, self.settings)
+        keep = kept_sentences(done)
+        self.state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
+        self.phrases = self.phrases.select(keep)
+        return Choice(live_scores, live_beam, live_token, done)
+
+
 def constrained_search(
     model: Any,
     src: Tensor,
     constraints: Sequence[Constraints],
-    beam_size: int = 4,
-    len_penalty: float = 0.6,
-    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
+    settings: SearchSettings,
     nbest: int = 1,
-    max_positions: int | None = None,
-    use_cache: bool = True,
-    no_repeat_ngram: int = 0,
-    stopping: Literal["exact", "k_finished"] = "exact",
     continues_word: Tensor | None = None,
+    use_cache: bool = True,
     after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
-    """`beam_search` whose every hypothesis of sentence i contains the phrases ``constraints[i]`` (module docstring).
+    """`search` whose every hypothesis of sentence i contains the phrases ``constraints[i]`` (module docstring).
 
     ``continues_word`` (V,) bool: the tokens that continue the word before
     them (`word_continuations`); given, none may follow a completed phrase
-    (rule 7). ``after_step``: called after every step, as in `beam_search`.
+    (rule 7). ``after_step``: called after every step, as in `search`.
 
     Raises `ConstraintLengthError` (the first sentence at fault) when a
     sentence's constraint tokens exceed its maximum output length.
     """
-    _check_arguments(src, constraints, beam_size, nbest)
-    max_len = max_output_lengths(src, max_len_a, max_len_b, max_positions)
-    phrases = phrase_table(constraints, src.device)
-    _check_room(phrases, max_len)
-    beams = _start(model, src, max_len, use_cache)
-    state = Progress.start(phrases)
-    finished = _Finished(beam_size, [[] for _ in range(src.shape[0])])
-    step = 0
-    while beams.sent.numel() > 0:
-        cands, after, bank = _expand(
-            model, beams, state, phrases, step, beam_size, use_cache, no_repeat_ngram, continues_word
-        )
-        beams, state, phrases = _choose(
-            finished, beams, phrases, cands, after, bank, step, beam_size, len_penalty, len_penalty_form, stopping
-        )
-        step += 1
-        if after_step is not None:
-            after_step()
-    return [hyps[:nbest] for hyps in finished.hyps]
-
-
-def _check_arguments(src: Tensor, constraints: Sequence[Constraints], beam_size: int, nbest: int) -> None:
-    """The caller's mistakes, refused before any model work: no beam, an n-best larger than the beam, or a
-    constraint list count that does not match the batch (each sentence needs its own list, empty or not)."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
+    if not 1 <= nbest <= settings.beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size ({settings.beam_size}), got {nbest}")
     if len(constraints) != src.shape[0]:
         raise ValueError(f"{src.shape[0]} sentences but {len(constraints)} constraint lists")
+    phrases = phrase_table(constraints, src.device)
+    _check_room(phrases, settings.max_lengths(src))
+    step = ConstrainedStep(settings, phrases, continues_word)
+    return search(model, src, settings, step, nbest, use_cache=use_cache, after_step=after_step)
 
 
 def _check_room(phrases: _Phrases, max_len: Tensor) -> None:
@@ -256,54 +288,9 @@ def _check_room(phrases: _Phrases, max_len: Tensor) -> None:
         raise ConstraintLengthError(i, int(phrases.total[i]), int(max_len[i]))
 
 
-def _expand(
-    model: Any, beams: _Beams, state: Progress, phrases: _Phrases, step: int, k: int, use_cache: bool,
-    no_repeat_ngram: int, continues_word: Tensor | None,
-) -> tuple[_Candidates, Progress, Tensor]:  # fmt: skip
-    """One step's candidates (rules 2, 4-7) with the constraint state each would have and its bank (n, M).
-
-    Split from `_choose` so that what a step proposes and what it keeps
-    can be read apart: here nothing is decided, every candidate is scored.
-    """
-    w = beams.width
-    device = beams.sent.device
-    rows = torch.arange(beams.sent.numel(), device=device).repeat_interleave(w)  # sentence of each row
-    row_phrases = phrases.select(rows)
-    nxt = state.next_tokens(row_phrases)  # (n*w, C)
-    lprobs = _next_log_probs(model, beams, use_cache)
-    lprobs = _restrict(lprobs, beams, state, row_phrases, nxt, step, no_repeat_ngram, continues_word)
-    cands = _candidates(beams.scores, lprobs, nxt, k)
-    sentence = torch.arange(beams.sent.numel(), device=device)[:, None].expand_as(cands.beam).flatten()
-    cand_phrases = phrases.select(sentence)  # (n*M) rows: one per candidate
-    after = state.select(sentence * w + cands.beam.flatten()).extend(cand_phrases, cands.token.flatten())
-    bank = after.met_tokens(cand_phrases).view_as(cands.score)
-    return cands, after, bank
-
-
-def _choose(
-    finished: _Finished, beams: _Beams, phrases: _Phrases, cands: _Candidates, after: Progress, bank: Tensor,
-    step: int, k: int, len_penalty: float, len_penalty_form: Literal["gnmt", "fairseq"],
-    stopping: Literal["exact", "k_finished"],
-) -> tuple[_Beams, Progress, _Phrases]:  # fmt: skip
-    """Rules 3-4: the banks' places for the EOS candidates (finished, into ``finished``) and for the live ones;
-    then the next beams, constraint state and phrases, without the sentences that are done."""
-    total = phrases.total
-    # the EOS candidates given a place are finished (rule 4)
-    chosen = _allocate(cands.score, bank, total, k)
-    _collect_finished(finished, beams, *cands.take(chosen), step, len_penalty, len_penalty_form)
-    not_eos = cands.score.masked_fill(cands.token == EOS, NEG_INF)
-    live = _allocate(not_eos, bank, total, k)
-    _, live_beam, live_token = cands.take(live)
-    live_scores = not_eos.gather(1, live)
-    done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
-    keep = kept_sentences(done)
-    state = after.select((keep[:, None] * cands.score.shape[1] + live.index_select(0, keep)).flatten())
-    return _advance(beams, live_scores, live_beam, live_token, done, k), state, phrases.select(keep)
-
-
 def _restrict(
-    lprobs: Tensor, beams: _Beams, state: Progress, phrases: _Phrases, nxt: Tensor, step: int, no_repeat_ngram: int,
-    continues_word: Tensor | None,
+    lprobs: Tensor, beams: Beams, rules: StepRules, state: ConstraintState, phrases: _Phrases, nxt: Tensor, step: int,
+    no_repeat_ngram: int, continues_word: Tensor | None,
 ) -> Tensor:  # fmt: skip
     """``lprobs`` (n*w, V), in place, with the constraint rules 4-6: EOS only when all constraints are met; where
     the length left demands it, only tokens that advance a constraint (or begin one, if that leaves room); those
@@ -313,7 +300,7 @@ def _restrict(
     index = tokens.clamp(min=0)
     before = lprobs.gather(1, index)  # their log-probabilities before n-gram blocking
     if no_repeat_ngram > 0:
-        lprobs = block_repeated_ngrams(lprobs, beams.tokens[:, 1:], no_repeat_ngram)
+        lprobs = block_repeated_ngrams(lprobs, rules.generated, no_repeat_ngram)
     row_max = beams.max_len.repeat_interleave(beams.width)
     needed = phrases.total - state.met_tokens(phrases)  # (n*w,) constraint tokens still to place, the partial's too
     lprobs[:, EOS].masked_fill_(needed > 0, NEG_INF)
@@ -328,7 +315,7 @@ def _restrict(
     allowed = torch.cat([nxt >= 0, (begins >= 0) & (spare >= -1)[:, None]], dim=1)
     # amax: a token listed twice (an advancing one that also begins a phrase) gets its value whatever the order
     lprobs.scatter_reduce_(1, index, before.masked_fill(~allowed, NEG_INF), reduce="amax")
-    return force_eos_at_max_len(lprobs, row_max == step)
+    return force_eos_at_max_len(lprobs, rules.at_max)
 
 
 @dataclass(frozen=True)
@@ -349,7 +336,7 @@ def _candidates(scores: Tensor, lprobs: Tensor, nxt: Tensor, k: int) -> _Candida
     (c) each hypothesis extended by its best token; a (beam, token) pair that comes again gets -inf."""
     n, w = scores.shape
     c = nxt.shape[1]
-    # (a) as `_top_candidates` finds them, whose per-beam best tokens are (c)
+    # (a) as `top_candidates` finds them, whose per-beam best tokens are (c)
     m = min(2 * k, lprobs.shape[1])
     row_lprobs, row_tokens = row_topk(lprobs, m)  # (n*w, m)
     top_scores, flat = (scores.view(-1, 1) + row_lprobs).view(n, w * m).topk(min(2 * k, w * m), dim=1)
@@ -458,13 +445,11 @@ def word_continuations(bpe: spm.SentencePieceProcessor) -> Tensor:
 
 
 def check_lengths(
-    index: int, phrases: Sequence[Sequence[int]], source: Sequence[int], max_len_a: float, max_len_b: int,
-    max_positions: int,
-) -> None:  # fmt: skip
+    index: int, phrases: Sequence[Sequence[int]], source: Sequence[int], settings: SearchSettings
+) -> None:
     """The constraints of input line ``index`` fit in its longest output (``source``: its ids and EOS)."""
     needed = sum(map(len, phrases))
-    src = torch.tensor([list(source)])
-    max_len = int(max_output_lengths(src, max_len_a, max_len_b, max_positions)[0])
+    max_len = int(settings.max_lengths(torch.tensor([list(source)]))[0])
     if needed > max_len:
         raise ConstraintError(
             f"--constraints: line {index + 1}: the constraints take {needed} tokens, more than the {max_len} this "

@@ -28,62 +28,34 @@ Forced prefixes, constraints, sampling and ensembles are not searched here:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import Literal
 
 import torch
 
 from transformer_mt.data.bpe import BOS, PAD
-from transformer_mt.decode.search import (
-    NEG_INF,
-    Hypothesis,
-    StepRules,
-    _advance,
-    _Beams,
-    _collect_finished,
-    _Finished,
-    _select_live,
-    _sentences_done,
-    _top_candidates,
-    best_extensions,
-    max_output_lengths,
-    pad_batch,
-)
+from transformer_mt.decode.search import NEG_INF, Beams, BeamStep, Finished, Hypothesis, StepRules, advance, pad_batch
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.model.transformer import Transformer
 
 
 class ContinuousSearch:
     """The running search of one model: `add` sentences at any time, `step` until `active` is 0.
 
-    Settings as `beam_search`'s. ``after_step``: called after every step (a
+    ``settings``: as `beam_search`'s (sampling aside). ``after_step``: called after every step (a
     `transformer_mt.malloc.FreedMemory.check`). Sentences are named by the
     caller's keys; `step` returns each finished sentence's key and its k best
     hypotheses (fewer only if fewer exist), best first.
     """
 
     def __init__(
-        self,
-        model: Transformer,
-        beam_size: int = 4,
-        len_penalty: float = 0.6,
-        len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
-        max_len_a: float = 1.0,
-        max_len_b: int = 50,
-        max_positions: int | None = None,
-        no_repeat_ngram: int = 0,
-        stopping: Literal["exact", "k_finished"] = "exact",
-        after_step: Callable[[], object] | None = None,
+        self, model: Transformer, settings: SearchSettings, after_step: Callable[[], object] | None = None
     ) -> None:
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
         self.model = model
-        self.k = beam_size
-        self.len_penalty, self.len_penalty_form = len_penalty, len_penalty_form
-        self.max_len = (max_len_a, max_len_b, max_positions)
-        self.no_repeat_ngram = no_repeat_ngram
-        self.stopping = stopping
+        self.settings = settings
+        self.beam_step = BeamStep(settings)
+        self.k = settings.beam_size
         self.after_step = after_step
-        self.beams: _Beams | None = None  # the active sentences; None when there are none
-        self.finished = _Finished(beam_size, {})
+        self.beams: Beams | None = None  # the active sentences; None when there are none
+        self.finished = Finished(self.k, {})
         self.keys: dict[int, Hashable] = {}  # sentence id -> the caller's key
         self.source_tokens: dict[int, int] = {}  # sentence id -> its source length (ids + EOS)
         self._next_id = 0
@@ -115,18 +87,18 @@ class ContinuousSearch:
         cache = self.model.init_cache(self.model.encode(src), beams=k)
         scores = torch.full((m, k), NEG_INF, device=device)
         scores[:, 0] = 0.0  # one live hypothesis (BOS) per sentence; its first step fills the other beams
-        max_len = max_output_lengths(src, *self.max_len).to(device)
+        max_len = self.settings.max_lengths(src).to(device)
         if self.beams is None:
             cache.starts = torch.zeros(m, dtype=torch.long, device=device)
             tokens = torch.full((m * k, 1), BOS, dtype=torch.long, device=device)
-            self.beams = _Beams(ids, max_len, tokens, scores, None, cache)
+            self.beams = Beams(ids, max_len, tokens, scores, None, cache)
         else:
             b = self.beams
             columns = b.tokens.shape[1]  # the cache length + 1: the new sentences' BOS goes in the last column
             joined = torch.full((m * k, columns), PAD, dtype=torch.long, device=device)
             joined[:, -1] = BOS
             b.cache.join(cache)
-            self.beams = _Beams(
+            self.beams = Beams(
                 torch.cat([b.sent, ids]), torch.cat([b.max_len, max_len]), torch.cat([b.tokens, joined]),
                 torch.cat([b.scores, scores]), None, b.cache,
             )  # fmt: skip
@@ -146,18 +118,10 @@ class ContinuousSearch:
         bos = b.cache.starts  # (n,) the column of each sentence's BOS in ``tokens``, and its cache position
         steps = b.cache.length - bos  # (n,) each sentence's own step
         features = self.model.decode_features(b.tokens[:, -1:], None, b.cache)[:, -1]  # (n*k, D)
-        # the PAD and BOS before a late sentence's output never complete an n-gram
-        rules = StepRules(b.tokens[:, 1:], (b.max_len == steps).repeat_interleave(self.k), None, self.no_repeat_ngram)
-        row_lprobs, row_tokens = best_extensions(self.model, features, 2 * self.k, rules)
-        cand_scores, cand_beam, cand_token = _top_candidates(b.scores, row_lprobs, row_tokens, self.k)
-        alpha, form = self.len_penalty, self.len_penalty_form
-        _collect_finished(self.finished, b, cand_scores, cand_beam, cand_token, steps, alpha, form, bos)
-        live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, self.k)
-        done = _sentences_done(self.finished, b, live_scores, steps, alpha, form, self.stopping)
-        ended = b.sent[done].tolist()
-        self.beams = (
-            _advance(b, live_scores, live_beam, live_token, done, self.k) if len(ended) < done.numel() else None
-        )
+        rules = StepRules.of(b, steps, self.settings.no_repeat_ngram, None)
+        choice = self.beam_step(self.model, features, b, self.finished, steps, rules, bos)
+        ended = b.sent[choice.done].tolist()
+        self.beams = advance(b, choice, self.k) if len(ended) < choice.done.numel() else None
         if self.after_step is not None:
             self.after_step()
         return [self._leave(i) for i in ended]
@@ -170,5 +134,5 @@ class ContinuousSearch:
         """Drop every sentence (after a failed step); returns their keys."""
         keys = list(self.keys.values())
         self.beams, self.keys, self.source_tokens = None, {}, {}
-        self.finished = _Finished(self.k, {})
+        self.finished = Finished(self.k, {})
         return keys

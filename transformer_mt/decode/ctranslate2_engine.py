@@ -41,7 +41,8 @@ import torch
 
 from transformer_mt.config import Config, parse_sampling
 from transformer_mt.data.bpe import BOS, EOS, PAD
-from transformer_mt.decode.search import Hypothesis, length_penalty, max_output_lengths, pad_batch
+from transformer_mt.decode.search import Hypothesis, pad_batch
+from transformer_mt.decode.settings import SearchSettings, length_penalty
 from transformer_mt.errors import UserError
 
 TMT_CONFIG = "tmt_config.yaml"  # the files tmt adds to CTranslate2's own in an exported directory
@@ -123,9 +124,8 @@ class CTranslate2Search:
         return [self._hypotheses(r.hypotheses, r.scores) for r in results]
 
     def _max_lengths(self, sources: list[list[int]]) -> list[int]:
-        """Each sentence's most output tokens before EOS, as `search.max_output_lengths` computes them."""
-        d = self.cfg.decode
-        return max_output_lengths(pad_batch(sources), d.max_len_a, d.max_len_b, self.cfg.model.max_positions).tolist()
+        """Each sentence's most output tokens before EOS, as tmt's own search limits them."""
+        return SearchSettings.of(self.cfg).max_lengths(pad_batch(sources)).tolist()
 
     def _search(
         self, sources: list[list[int]], max_len: int, nbest: int, prefixes: list[list[int]] | None = None

@@ -1,86 +1,29 @@
-"""Batched beam search with an incremental decoder cache (the paper's decoding, section 6.1).
+"""One search loop for every kind of search: beam search (the paper's decoding, section 6.1), sampling, constraints.
 
-The search runs on any model with the decoding API of `transformer_mt.model`:
-``encode(src) -> enc``, ``init_cache(enc, beams, capacity) -> cache``,
-``decode_features(tgt_in, enc, cache) -> features`` and ``logits(features)
--> logits`` (together ``decode(tgt_in, enc, cache)``; ``capacity``: the most
-target positions the search will feed), where ``enc.reorder(index)`` returns
-the rows ``index`` of the encoder output and ``cache.reorder(index, sentences, beams)``
-makes row r of the cache continue the hypothesis of row ``index[r]``, in place,
-keeping the sentences ``sentences`` when some leave the batch, and holding
-``beams`` rows per sentence from then on when given. With a cache,
-``decode`` reads the encoder output no more (the cache holds what it needs),
-so the search leaves ``enc`` as `encode` returned it. Row r of a
-decode batch is beam r % k of sentence r // k. Nothing in the loop knows which
-model it runs.
-
-The search, per sentence, with beam size k (all sentences of a batch at once):
-
-1. The encoder runs once; the cross-attention keys/values are computed once
-   per sentence (``init_cache``) and shared by its k beams. The first step
-   extends a single hypothesis per sentence (BOS), one decoder row instead
-   of k identical ones; the k beams start from its candidates.
-2. At each step every live hypothesis is extended by one token; the 2k best
-   extensions over (beam x vocabulary), by raw log-probability, are the
-   candidates. PAD and BOS are never generated.
-3. A candidate ending in EOS that ranks among the first k is *finished*: it is
-   set aside with its normalized score ``log_prob / length_penalty(length)``,
-   where ``length`` counts the generated tokens including EOS. An EOS
-   candidate ranked below k is outside the beam and dropped. The k best
-   candidates not ending in EOS are the live hypotheses of the next step.
-4. Early stopping. A sentence is done when (a) it has k finished hypotheses
-   and no live one can still beat the worst of the k best finished ones, or
-   (b) it has reached its maximum length. For (a) the bound is exact: a live
-   hypothesis with raw log-probability s <= 0 after t tokens can only lose
-   log-probability, and it will end with a length L in [t + 1, max_len + 1], so
-   its best possible normalized score is s / max(lp(t + 1), lp(max_len + 1))
-   (lp is monotonic in L for both penalty forms). Strictly below the worst
-   finished score means done. With k = 1 the search is greedy decoding: the
-   first time the best token is EOS the sentence is done, as in
-   tensor2tensor and Hugging Face, which also decode greedily for one beam.
-   ``stopping="k_finished"`` (``decode.stopping``, a deviation) ends a
-   sentence as soon as it has k finished hypotheses, the rule of fairseq and
-   CTranslate2: fewer steps, but a live hypothesis that would still have
-   entered the k best is given up.
-5. The maximum output length is ``max_len_a * src_len + max_len_b`` tokens
-   before EOS (the paper: source length + 50), ``src_len`` counting the source
-   tokens without EOS, capped so that BOS + output fits in ``max_positions``.
-   At that length EOS is forced: the remaining hypotheses are finished with
-   the model's own EOS log-probability.
-6. Done sentences leave the batch: their rows are dropped from the cache
-   and the search state. The active sentences behind the first n' (n' of
-   them remain) fill the places of the done ones, so that only those move.
-
-``prefixes`` (``tmt translate --prefix-file``) force the first tokens of
-each sentence's output: while a hypothesis is inside its sentence's prefix,
-its step keeps only the prefix token, at the model's own log-probability, so
-the forced tokens count in the score (fairseq's ``--prefix-size`` does the
-same) and every hypothesis of the sentence starts with the prefix. At the
-first step one candidate is finite, so the sentence has one live hypothesis
-(the other beams are empty, -inf) until the prefix is consumed; EOS is
-impossible before then, so no hypothesis finishes inside the prefix, and
-the stopping bound of rule 4 holds as it is (forced log-probabilities are
-<= 0 too). A prefix must fit within the maximum length (the caller checks).
-
-``no_repeat_ngram`` = n > 0 (``decode.no_repeat_ngram``, a deviation, off in
-the paper configs; fairseq's ``--no-repeat-ngram-size``) forbids a
-hypothesis to repeat any n-gram of its own tokens: a token that would
-complete an n-gram already in it gets probability 0. An undertrained model
-can loop ("ein Mann in einem Mann in einem ...") until the maximum length;
-this stops the loop. Log-probabilities stay <= 0, so early stopping stays
-exact.
+`search` runs a batch step by step over any model with the decoding API of
+`transformer_mt.model` (``encode``, ``init_cache``, ``decode_features``,
+``logits``; the cache's ``reorder`` follows each new row's parent, keeps the
+sentences still active and widens one hypothesis to k beams). Row r of a
+step is beam r % w of active sentence r // w. What a step keeps is a `Step`'s
+choice: `BeamStep` here (the 2k best extensions, EOS among the first k
+finished, exact early stopping), `transformer_mt.decode.sample.SampleStep`
+and `transformer_mt.decode.constrained.ConstrainedStep`; the continuous
+search of `tmt serve` runs `BeamStep` too. The rules, stated exactly
+(length penalty, maximum length, stopping, prefixes, repeated n-grams), are
+in docs/decoding.md, "The search, exactly".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from transformer_mt.data.bpe import BOS, EOS, PAD
+from transformer_mt.decode.settings import PAPER, SearchSettings
 from transformer_mt.model.cache import MIN_CAPACITY
 
 NEG_INF = float("-inf")
@@ -100,42 +43,12 @@ class Hypothesis:
     log_prob: float
 
 
-def length_penalty(length: float | Tensor, alpha: float, form: Literal["gnmt", "fairseq"] = "gnmt") -> Any:
-    """The divisor of a hypothesis' log-probability; ``length`` in tokens, EOS included.
-
-    gnmt (Wu et al., 2016, the form the paper used with alpha 0.6):
-    ``((5 + length) / 6) ** alpha``; fairseq: ``length ** alpha``. Both are 1
-    when alpha is 0 (plain log-probability) and grow with length when alpha > 0.
-    """
-    if form == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    if form == "fairseq":
-        return length**alpha
-    raise ValueError(f"unknown length penalty form {form!r}; use 'gnmt' or 'fairseq'")
-
-
 def pad_batch(sources: Sequence[Sequence[int]], pad_id: int = PAD) -> Tensor:
-    """Source ids (each ending in EOS) as one right-padded LongTensor (B, longest): the input of `beam_search`."""
+    """Source ids (each ending in EOS) as one right-padded LongTensor (B, longest): the input of a search."""
     src = torch.full((len(sources), max(map(len, sources))), pad_id, dtype=torch.long)
     for row, ids in enumerate(sources):
         src[row, : len(ids)] = torch.tensor(ids)
     return src
-
-
-def max_output_lengths(
-    src: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None, pad_id: int = PAD
-) -> Tensor:
-    """Most tokens (before EOS) each sentence may generate: ``a * src_len + b``, capped by positions.
-
-    ``src`` (B, S) holds the source ids plus EOS, right-padded; ``src_len``
-    excludes EOS. The decoder reads BOS plus the generated tokens, so the cap
-    is ``max_positions - 1``. Returns a LongTensor (B,), at least 1.
-    """
-    src_len = (src.ne(pad_id).sum(dim=1) - 1).clamp(min=0).to(torch.float64)  # (B,)
-    max_len = torch.floor(max_len_a * src_len + max_len_b).long()
-    if max_positions is not None:
-        max_len = max_len.clamp(max=max_positions - 1)
-    return max_len.clamp(min=1)
 
 
 @dataclass(frozen=True)
@@ -184,8 +97,8 @@ def restrict(
 
 
 @dataclass
-class _Beams:
-    """The live part of the search: n active sentences x w beams, row r = sentence r // w, beam r % w.
+class Beams:
+    """The live part of a search: n active sentences x w beams, row r = sentence r // w, beam r % w.
 
     w (`width`) is 1 at the first step, when every sentence has one hypothesis (BOS), and k after it.
     """
@@ -204,7 +117,7 @@ class _Beams:
 
 
 @dataclass
-class _Finished:
+class Finished:
     """The best finished hypotheses of every sentence, at most k each, best first."""
 
     k: int
@@ -224,65 +137,72 @@ class _Finished:
         return kept[-1].score if len(kept) == self.k else NEG_INF
 
 
+class Choice(NamedTuple):
+    """What a step keeps, per active sentence: the k live hypotheses' raw scores, the beam each extends and its
+    new token, (n, k) each, best first; and ``done`` (n,), the sentences that leave the search now."""
+
+    scores: Tensor
+    beam: Tensor
+    token: Tensor
+    done: Tensor
+
+
+class Step(Protocol):
+    """One kind of search: from the decoder's ``features`` (n*w, D) at a step, set the finished hypotheses
+    aside into ``finished`` and choose the live ones. ``step``: the tokens each sentence has generated so far
+    (one number, or (n,) in a continuous search), ``bos``: the column of each sentence's BOS in
+    ``beams.tokens`` (None: 0). ``rules``: the step's hard rules (`StepRules`)."""
+
+    width: int  # k: rows per sentence after the first step
+    score_dtype: torch.dtype  # of the live hypotheses' scores
+
+    def __call__(
+        self, model: Any, features: Tensor, beams: Beams, finished: Finished, step: int | Tensor,
+        rules: StepRules, bos: Tensor | None = None,
+    ) -> Choice: ...  # fmt: skip
+
+
 @torch.no_grad()
-def beam_search(
+def search(
     model: Any,
     src: Tensor,
-    beam_size: int = 4,
-    len_penalty: float = 0.6,
-    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
+    settings: SearchSettings,
+    step: Step,
     nbest: int = 1,
-    max_positions: int | None = None,
-    use_cache: bool = True,
-    no_repeat_ngram: int = 0,
-    stopping: Literal["exact", "k_finished"] = "exact",
     prefixes: Sequence[Sequence[int]] | None = None,
+    use_cache: bool = True,
     after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate a batch: ``src`` (B, S) source ids + EOS, right-padded with PAD.
+    """Translate a batch, ``src`` (B, S) source ids + EOS right-padded with PAD, choosing by ``step``.
 
     Returns, for each of the B sentences in input order, its ``nbest`` best
-    hypotheses (fewer only if fewer exist), best first. ``use_cache=False``
-    re-decodes the whole prefix every step (slow; for testing the cache).
-    ``prefixes``: per sentence, target ids its output must start with ([]:
-    none), each no longer than its maximum length. ``after_step``: called
+    hypotheses (fewer only if fewer exist), best first. ``prefixes``: per
+    sentence, target ids its output must start with ([]: none), each no
+    longer than its maximum length. ``use_cache=False`` re-decodes the whole
+    prefix every step (slow; for testing the cache). ``after_step``: called
     after every step (a decoder's `transformer_mt.malloc.FreedMemory.check`).
-    See the module docstring for the exact search and stopping rules.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
-    k = beam_size
-    beams = _start(model, src, max_output_lengths(src, max_len_a, max_len_b, max_positions), use_cache)
-    finished = _Finished(k, [[] for _ in range(src.shape[0])])
+    if not 1 <= nbest <= step.width:
+        raise ValueError(f"nbest must be between 1 and beam_size ({step.width}), got {nbest}")
+    beams = start(model, src, settings.max_lengths(src), use_cache, step.score_dtype)
+    finished = Finished(step.width, [[] for _ in range(src.shape[0])])
     forced = Prefixes.of(prefixes, src.device)
-    step = 0
+    t = 0
     while beams.sent.numel() > 0:
-        w = beams.width
-        at_max = (beams.max_len == step).repeat_interleave(w)
-        sentence = None if forced is None else beams.sent.repeat_interleave(w)  # a prefix is read by sentence
-        rules = StepRules(beams.tokens[:, 1:], at_max, sentence, no_repeat_ngram, forced, step)
-        features = _next_features(model, beams, use_cache)  # (n*w, D), w beams per sentence
-        row_lprobs, row_tokens = best_extensions(model, features, 2 * k, rules)
-        cand_scores, cand_beam, cand_token = _top_candidates(beams.scores, row_lprobs, row_tokens, k)
-        _collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, len_penalty, len_penalty_form)
-        live_scores, live_beam, live_token = _select_live(cand_scores, cand_beam, cand_token, k)
-        done = _sentences_done(finished, beams, live_scores, step, len_penalty, len_penalty_form, stopping)
-        beams = _advance(beams, live_scores, live_beam, live_token, done, k)
-        step += 1
+        rules = StepRules.of(beams, t, settings.no_repeat_ngram, forced)
+        features = next_features(model, beams, use_cache)  # (n*w, D), w beams per sentence
+        beams = advance(beams, step(model, features, beams, finished, t, rules), step.width)
+        t += 1
         if after_step is not None:
             after_step()
     return [hyps[:nbest] for hyps in finished.hyps]
 
 
-def _start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool) -> _Beams:
+def start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool, dtype: torch.dtype = torch.float32) -> Beams:
     """Encode once and compute the cross-attention state once per sentence, for its beams to share.
 
     Each sentence starts with one hypothesis, BOS: the first step decodes one
-    row per sentence, not k identical ones, and `_advance` then widens the
+    row per sentence, not k identical ones, and `advance` then widens the
     search to k beams (CTranslate2 does the same). Without a cache the
     decoder reads the encoder output itself, one row per beam.
     """
@@ -292,21 +212,56 @@ def _start(model: Any, src: Tensor, max_len: Tensor, use_cache: bool) -> _Beams:
     # so a batch holds what its sentences reach, not room for every sentence's maximum length (memory; the same output)
     capacity = min(int(max_len.max()) + 1, MIN_CAPACITY)
     cache = model.init_cache(enc, beams=1, capacity=capacity) if use_cache else None
-    scores = torch.zeros((B, 1), device=src.device)
+    scores = torch.zeros((B, 1), dtype=dtype, device=src.device)
     tokens = torch.full((B, 1), BOS, dtype=torch.long, device=src.device)
-    return _Beams(torch.arange(B, device=src.device), max_len.to(src.device), tokens, scores, enc, cache)
+    return Beams(torch.arange(B, device=src.device), max_len.to(src.device), tokens, scores, enc, cache)
 
 
-def _next_log_probs(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
-    """Log-probabilities (n*k, V) of the next token of every live hypothesis, PAD and BOS excluded."""
-    return step_log_probs(model.logits(_next_features(model, beams, use_cache)))
-
-
-def _next_features(model: Any, beams: _Beams, use_cache: bool) -> Tensor:
-    """The decoder's output (n*k, D) at the next position of every live hypothesis, before the projection."""
+def next_features(model: Any, beams: Beams, use_cache: bool) -> Tensor:
+    """The decoder's output (n*w, D) at the next position of every live hypothesis, before the projection."""
     if use_cache:
         return model.decode_features(beams.tokens[:, -1:], beams.enc, beams.cache)[:, -1]
     return model.decode_features(beams.tokens, beams.enc)[:, -1]
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """Beam search's step: the 2k best extensions over (beam x vocabulary) by raw log-probability are the
+    candidates; an EOS among the first k is finished with its normalized score; the k best others live on; a
+    sentence is done when no live hypothesis can still enter its k best (or, ``stopping: k_finished``, once k
+    have finished)."""
+
+    settings: SearchSettings
+    score_dtype: torch.dtype = torch.float32
+
+    @property
+    def width(self) -> int:
+        return self.settings.beam_size
+
+    def __call__(
+        self, model: Any, features: Tensor, beams: Beams, finished: Finished, step: int | Tensor,
+        rules: StepRules, bos: Tensor | None = None,
+    ) -> Choice:  # fmt: skip
+        k = self.width
+        row_lprobs, row_tokens = best_extensions(model, features, 2 * k, rules)
+        cand_scores, cand_beam, cand_token = top_candidates(beams.scores, row_lprobs, row_tokens, k)
+        collect_finished(finished, beams, cand_scores, cand_beam, cand_token, step, self.settings, bos)
+        live_scores, live_beam, live_token = select_live(cand_scores, cand_beam, cand_token, k)
+        done = sentences_done(finished, beams, live_scores, step, self.settings)
+        return Choice(live_scores, live_beam, live_token, done)
+
+
+def beam_search(
+    model: Any,
+    src: Tensor,
+    settings: SearchSettings = PAPER,
+    nbest: int = 1,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    use_cache: bool = True,
+    after_step: Callable[[], object] | None = None,
+) -> list[list[Hypothesis]]:
+    """`search` with `BeamStep`: the paper's beam search (docs/decoding.md, "The search, exactly")."""
+    return search(model, src, settings, BeamStep(settings), nbest, prefixes, use_cache, after_step)
 
 
 PROJECTED_ROWS = 128  # rows of a step's logits `best_extensions` computes at a time
@@ -324,6 +279,17 @@ class StepRules:
     no_repeat_ngram: int = 0
     prefixes: Prefixes | None = None
     step: int = 0
+
+    @classmethod
+    def of(cls, beams: Beams, step: int | Tensor, no_repeat_ngram: int, prefixes: Prefixes | None) -> StepRules:
+        """The rules of ``beams`` at ``step`` (one number, or one per sentence (n,)); a prefix is read by sentence."""
+        w = beams.width
+        at_max = (beams.max_len == step).repeat_interleave(w)
+        sentence = None if prefixes is None else beams.sent.repeat_interleave(w)
+        # the PAD and BOS before a late sentence's output (a continuous search) never complete an n-gram
+        return cls(
+            beams.tokens[:, 1:], at_max, sentence, no_repeat_ngram, prefixes, int(step) if prefixes is not None else 0
+        )
 
     def __call__(self, lprobs: Tensor, rows: slice) -> Tensor:
         """``lprobs`` (r, V) of the rows ``rows``, in place."""
@@ -406,7 +372,7 @@ def force_eos_at_max_len(lprobs: Tensor, at_max: Tensor) -> Tensor:
     return lprobs
 
 
-def _top_candidates(scores: Tensor, row_lprobs: Tensor, row_tokens: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def top_candidates(scores: Tensor, row_lprobs: Tensor, row_tokens: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The 2k best one-token extensions per sentence over (beam x vocab), by raw log-probability.
 
     ``scores`` (n, w) holds the w beams of each sentence (w = 1 at the first
@@ -459,15 +425,14 @@ def row_topk(x: Tensor, m: int) -> tuple[Tensor, Tensor]:
     return values, cols.gather(1, pos)
 
 
-def _collect_finished(
-    finished: _Finished,
-    beams: _Beams,
+def collect_finished(
+    finished: Finished,
+    beams: Beams,
     cand_scores: Tensor,
     cand_beam: Tensor,
     cand_token: Tensor,
     step: int | Tensor,
-    alpha: float,
-    form: Literal["gnmt", "fairseq"],
+    settings: SearchSettings,
     bos: Tensor | None = None,
 ) -> None:
     """Set aside the EOS candidates ranked among the first k: they end with ``step + 1`` tokens, EOS included.
@@ -488,47 +453,47 @@ def _collect_finished(
     firsts = [1] * len(sentences) if bos is None else (bos[i] + 1).tolist()
     found_tokens = beams.tokens[rows].tolist()
     for sentence, log_prob, t, first, tokens in zip(sentences, log_probs, steps, firsts, found_tokens, strict=True):
-        penalty = float(length_penalty(float(t + 1), alpha, form))
+        penalty = float(settings.penalty(float(t + 1)))
         finished.add(sentence, Hypothesis(tokens[first:], log_prob / penalty, log_prob))
 
 
-def _select_live(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def select_live(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The k best candidates that do not end in EOS: scores, beams, tokens, each (n, k), best first."""
     not_eos = cand_scores.masked_fill(cand_token == EOS, NEG_INF)
     live_scores, pos = not_eos.topk(k, dim=1)  # (n, k)
     return live_scores, cand_beam.gather(1, pos), cand_token.gather(1, pos)
 
 
-def _sentences_done(
-    finished: _Finished,
-    beams: _Beams,
-    live_scores: Tensor,
-    step: int | Tensor,
-    alpha: float,
-    form: Literal["gnmt", "fairseq"],
-    stopping: Literal["exact", "k_finished"] = "exact",
+def sentences_done(
+    finished: Finished, beams: Beams, live_scores: Tensor, step: int | Tensor, settings: SearchSettings
 ) -> Tensor:
     """(n,) bool: the sentences whose result can no longer change, or with ``k_finished`` the sentences with k
-    finished hypotheses (module docstring, rule 4). ``step`` may be one per sentence (n,)."""
+    finished hypotheses. ``step`` may be one per sentence (n,).
+
+    The bound is exact: a live hypothesis of raw log-probability s <= 0 after
+    t tokens ends with a length L in [t + 1, max_len + 1], so it can reach at
+    most s / max(lp(t + 1), lp(max_len + 1)) (lp is monotonic in L).
+    """
     k = finished.k
     best_live = live_scores[:, 0].double()  # (n,) raw log-probabilities, -inf when nothing is live
     t = step + 1  # tokens of the live hypotheses after this step
-    lp_now = length_penalty(torch.as_tensor(t + 1, dtype=torch.float64), alpha, form)
-    lp_max = length_penalty(beams.max_len.double() + 1.0, alpha, form)
+    lp_now = settings.penalty(torch.as_tensor(t + 1, dtype=torch.float64))
+    lp_max = settings.penalty(beams.max_len.double() + 1.0)
     bound = best_live / torch.maximum(lp_max, lp_now)  # (n,) best normalized score a live one could reach
     worst = torch.tensor([finished.kth_score(s) for s in beams.sent.tolist()], dtype=torch.float64)
     worst = worst.to(bound.device)
     # Greedy (k = 1) and k_finished: done once k hypotheses have finished. Otherwise compare with the k-th best
     # finished score, which is -inf (anything can still enter) while fewer than k are finished.
-    can_improve = torch.isinf(worst) if k == 1 or stopping == "k_finished" else bound >= worst
+    can_improve = torch.isinf(worst) if k == 1 or settings.stopping == "k_finished" else bound >= worst
     return ~can_improve | torch.isinf(best_live) | (beams.max_len <= step)
 
 
-def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: Tensor, done: Tensor, k: int) -> _Beams:
+def advance(beams: Beams, choice: Choice, k: int) -> Beams:
     """Append the chosen tokens, point each cache row at its parent and drop the done sentences.
 
     After the first step, widen each sentence from its one hypothesis to k beams.
     """
+    live_scores, live_beam, live_token, done = choice
     keep = kept_sentences(done)  # (n',) positions of the sentences still active
     shrink = keep.numel() < done.numel()
     w = beams.width
@@ -539,7 +504,7 @@ def _advance(beams: _Beams, live_scores: Tensor, live_beam: Tensor, live_token: 
     enc = beams.enc
     if (shrink or w < k) and beams.cache is None:  # with a cache the decoder reads the encoder output no more
         enc = enc.reorder((keep * w).repeat_interleave(k))  # the beams of a sentence share one encoder output
-    return _Beams(
+    return Beams(
         beams.sent.index_select(0, keep),
         beams.max_len.index_select(0, keep),
         tokens,

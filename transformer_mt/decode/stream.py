@@ -54,14 +54,16 @@ def stream_lines(
 
 
 def translate_stream(
-    translator: Translator, input: str | Path | None, buffer_lines: int, prefix_file: str | Path | None = None
-) -> int:
+    translator: Translator, input: str | Path | None, buffer_lines: int, prefix_file: str | Path | None = None,
+    constraints: bool = False,
+) -> int:  # fmt: skip
     """Translate ``input`` (stdin when None) ``buffer_lines`` lines at a time as they are read; returns the lines.
 
     Each group's translations go to stdout, flushed, before the next group
     is read; ``--nbest`` rows are numbered from the input's first line. The
     warning about empty translations comes once, at the end of the input.
-    ``prefix_file``: one target prefix per input line, read beside it.
+    ``prefix_file``: one target prefix per input line, read beside it; ``constraints``: each line is
+    ``source<TAB>phrase<TAB>...``.
     """
     translator.show_progress = False
     counts = EmptyCount()
@@ -70,7 +72,7 @@ def translate_stream(
     # windows stops at N lines (islice): it never waits for line N + 1
     chunks = windows(input_lines(input), prefix_lines, buffer_lines, names)
     done = 0
-    for lines, out in translated_windows(translator, chunks, counts, names[1]):
+    for lines, out in translated_windows(translator, chunks, counts, names[1], constraints):
         write_stdout(out)
         done += lines
     warning = empty_warning(counts.given, counts.empty)
@@ -90,7 +92,6 @@ def translate_interactive(
     ``ready``: say on stderr when the model is loaded and how to stop, for a person at a terminal, who
     otherwise sees nothing while it loads and cannot tell when to type."""
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    translator.constraints = constraints
     if ready:
         print(READY, file=sys.stderr, flush=True)
-    return translate_stream(translator, input, buffer_lines, prefix_file)
+    return translate_stream(translator, input, buffer_lines, prefix_file, constraints)

@@ -31,7 +31,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.config import Config, config_from_dict, parse_sampling
+from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dict, mode_conflict
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
@@ -46,8 +46,9 @@ from transformer_mt.decode.constrained import (
 from transformer_mt.decode.continuous import ContinuousSearch
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
-from transformer_mt.decode.sampling import sample_search
-from transformer_mt.decode.search import Hypothesis, beam_search, max_output_lengths, pad_batch
+from transformer_mt.decode.sample import sample_search
+from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
+from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.errors import UserError, out_of_memory
 from transformer_mt.files import atomic_write_lines
 from transformer_mt.malloc import FreedMemory
@@ -58,14 +59,11 @@ class TranslateError(UserError):
     """Input or checkpoint problems a user can fix; the message names the file (and line) and the fix."""
 
 
-CONSTRAINTS_SAMPLING = (
-    "--constraints runs a beam search and --sample draws one token at a time: they cannot be combined; drop "
-    "--sample (and --temperature) to translate with the constraints"
-)
-CONSTRAINTS_ENGINE = (
-    "--constraints needs tmt's own search (--engine pytorch): CTranslate2 has no lexical constraints; translate "
-    "with the checkpoint the export came from"
-)
+def check_mode(mode: DecodeMode, names: dict[str, str] = CLI_NAMES) -> None:
+    """Refuse a combination of decoding choices that `mode_conflict` rules out, with its message."""
+    conflict = mode_conflict(mode, names)
+    if conflict is not None:
+        raise TranslateError(conflict[1])
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,6 @@ class Translator:
         self.show_progress = True
         self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
-        self.constraints = False  # True: each line is source<TAB>phrase<TAB>... (`translate_constrained`)
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
 
     def with_decode(self, overrides: Sequence[str]) -> Translator:
@@ -126,6 +123,14 @@ class Translator:
             other.engine_search = copy.copy(self.engine_search)
             other.engine_search.cfg = other.cfg
         return other
+
+    def mode(self, nbest: int | None = None, constraints: bool = False, prefixes: bool = False) -> DecodeMode:
+        """The decoding choices of a call with ``nbest`` (default decode.nbest), ``constraints`` and ``prefixes``
+        on this translator's engine and model: what `check_mode` judges."""
+        engine = "pytorch" if self.engine_search is None else "ctranslate2"
+        ensemble = isinstance(self.model, Ensemble)
+        return DecodeMode.of(self.cfg.decode, nbest, constraints=constraints, prefixes=prefixes, engine=engine,
+                             ensemble=ensemble)  # fmt: skip
 
     def search(
         self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None
@@ -210,14 +215,9 @@ class Translator:
         ``prefix_origin`` names them in errors (the --prefix-file).
         """
         nbest = self.cfg.decode.nbest if nbest is None else nbest
-        if nbest < 1 or (nbest > self.cfg.decode.beam_size and self.cfg.decode.sampling == "none"):
-            raise TranslateError(f"--nbest {nbest} must be between 1 and the beam size ({self.cfg.decode.beam_size})")
+        check_mode(self.mode(nbest, prefixes=prefixes is not None))
         if prefixes is not None and len(prefixes) != len(lines):
             raise TranslateError(f"{prefix_origin}: {len(prefixes)} prefixes for {len(lines)} lines; give one per line")
-        if self.constraints:
-            if prefixes is not None:
-                raise TranslateError("--constraints and --prefix-file cannot be combined; use one of them")
-            return self.translate_constrained(lines, nbest, start)
         ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
         forced = [
             self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
@@ -279,8 +279,7 @@ class Translator:
             )
         if not source:  # nothing to translate: the output is the prefix alone, at any length
             return ids
-        d = self.cfg.decode
-        limit = int(max_output_lengths(pad_batch([source]), d.max_len_a, d.max_len_b, self.cfg.model.max_positions)[0])
+        limit = int(SearchSettings.of(self.cfg).max_lengths(pad_batch([source]))[0])
         if len(ids) > limit:
             raise TranslateError(
                 f"{origin}: line {index + 1}: the prefix is {len(ids)} BPE tokens, more than the line's maximum output "
@@ -333,14 +332,11 @@ class Translator:
         translator's settings, for `tmt serve`; None where they need whole batches: another engine, an
         ensemble, sampling, word alignments or constraints."""
         d = self.cfg.decode
-        if self.engine_search is not None or not isinstance(self.model, Transformer) or self.constraints:
+        if self.engine_search is not None or not isinstance(self.model, Transformer):
             return None
         if d.sampling != "none" or d.alignment != "none":
             return None
-        return ContinuousSearch(
-            self.model, d.beam_size, d.len_penalty, d.len_penalty_form, d.max_len_a, d.max_len_b,
-            self.cfg.model.max_positions, d.no_repeat_ngram, d.stopping, after_step=self.freed.check,
-        )  # fmt: skip
+        return ContinuousSearch(self.model, SearchSettings.of(self.cfg), after_step=self.freed.check)
 
     def translate_constrained(self, lines: Sequence[str], nbest: int, start: int = 0) -> list[list[Translation]]:
         """`translate_lines_nbest` of ``source<TAB>phrase<TAB>...`` lines: each translation holds every phrase.
@@ -351,17 +347,14 @@ class Translator:
         ``--constraints``; the others by `constrained_search`, in batches of
         their own.
         """
-        if self.engine_search is not None:
-            raise TranslateError(CONSTRAINTS_ENGINE)
+        check_mode(self.mode(nbest, constraints=True))
         d = self.cfg.decode
-        if d.sampling != "none":
-            raise TranslateError(CONSTRAINTS_SAMPLING)
         split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
         ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
         phrases = [encode_constraints(self.bpe, texts, start + i) for i, (_, texts) in enumerate(split)]
         for i, (x, p) in enumerate(zip(ids, phrases, strict=True)):
             if p:
-                check_lengths(start + i, p, x, d.max_len_a, d.max_len_b, self.cfg.model.max_positions)
+                check_lengths(start + i, p, x, SearchSettings.of(self.cfg))
         empty = Translation("", 0.0, 0.0, None if d.alignment == "none" else "")
         results: list[list[Translation]] = [[empty] * nbest if not x else [] for x in ids]
         continues_word = word_continuations(self.bpe).to(self.device)
@@ -382,24 +375,18 @@ class Translator:
         self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int, continues_word: torch.Tensor
     ) -> list[list[Hypothesis]]:
         """`constrained_search` over ``self.model`` with the decode section's settings."""
-        d = self.cfg.decode
+        src = pad_batch(sources).to(self.device)
+        settings = SearchSettings.of(self.cfg)
         return constrained_search(
-            self.model, pad_batch(sources).to(self.device), phrases, beam_size=d.beam_size, len_penalty=d.len_penalty,
-            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
-            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
-            continues_word=continues_word, after_step=self.freed.check,
-        )  # fmt: skip
+            self.model, src, phrases, settings, nbest, continues_word, after_step=self.freed.check
+        )
 
     def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
         """Each hypothesis' alignment line (`transformer_mt.decode.align`), or None without ``decode.alignment``."""
         d = self.cfg.decode
         if d.alignment == "none":
             return [[None] * len(hyps) for hyps in found]
-        if not isinstance(self.model, Transformer):
-            raise TranslateError(
-                "--alignment reads the attention of one tmt model: use --engine pytorch with one checkpoint (or "
-                "several averaged, without --ensemble)"
-            )
+        assert isinstance(self.model, Transformer), "check_mode refuses alignments of an ensemble or an engine"
         pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
         layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
         flat = iter(alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment))
@@ -410,21 +397,10 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """tmt's own search, `beam_search` over ``self.model`` with the decode section's settings; with
         ``decode.sampling``, ``nbest`` samples of each source (`sample_search`)."""
-        d = self.cfg.decode
-        sampling = parse_sampling(d.sampling)
-        if sampling is not None:
-            return sample_search(
-                self.model, pad_batch(sources).to(self.device), sources, sampling, temperature=d.sampling_temperature,
-                seed=d.seed, samples=nbest, len_penalty=d.len_penalty, len_penalty_form=d.len_penalty_form,
-                max_len_a=d.max_len_a, max_len_b=d.max_len_b, max_positions=self.cfg.model.max_positions,
-                no_repeat_ngram=d.no_repeat_ngram, prefixes=prefixes, after_step=self.freed.check,
-            )  # fmt: skip
-        return beam_search(
-            self.model, pad_batch(sources).to(self.device), beam_size=d.beam_size, len_penalty=d.len_penalty,
-            len_penalty_form=d.len_penalty_form, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=nbest,
-            max_positions=self.cfg.model.max_positions, no_repeat_ngram=d.no_repeat_ngram, stopping=d.stopping,
-            prefixes=prefixes, after_step=self.freed.check,
-        )  # fmt: skip
+        settings, src = SearchSettings.of(self.cfg), pad_batch(sources).to(self.device)
+        if settings.sampling is not None:
+            return sample_search(self.model, src, sources, settings, nbest, prefixes, after_step=self.freed.check)
+        return beam_search(self.model, src, settings, nbest, prefixes, after_step=self.freed.check)
 
 
 def _exported_config(directory: Path, overrides: Sequence[str]) -> Config:
@@ -562,12 +538,8 @@ def load_translator(
     averaged (tmt's search only). ``overrides``: ``--set`` texts, the
     decoding flags included (`decode_flags`).
     """
+    check_mode(DecodeMode(engine=engine, ensemble=ensemble))
     if engine == "ctranslate2":
-        if ensemble:
-            raise TranslateError(
-                "--ensemble runs tmt's own search over tmt checkpoints (--engine pytorch); --engine ctranslate2 "
-                "decodes one exported model"
-            )
         return Translator.from_ctranslate2(paths, device, overrides)
     if engine != "pytorch":
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
@@ -603,16 +575,20 @@ class EmptyCount:
 
 
 def translated_windows(
-    translator: Translator, chunks: Iterable[Window], counts: EmptyCount, prefix_origin: str = "prefix"
-) -> Iterator[tuple[int, list[str]]]:
+    translator: Translator, chunks: Iterable[Window], counts: EmptyCount, prefix_origin: str = "prefix",
+    constraints: bool = False,
+) -> Iterator[tuple[int, list[str]]]:  # fmt: skip
     """Per window of input lines (and prefixes), in order: its line count and its output lines, the best
-    translations or ``--nbest`` rows numbered from the input's first line. ``counts`` sums the empty ones."""
+    translations or ``--nbest`` rows numbered from the input's first line. ``counts`` sums the empty ones.
+    ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`)."""
     k = translator.cfg.decode.nbest
     done = 0
     for group, prefixes in chunks:
-        results = translator.translate_lines_nbest(
-            group, nbest=k, start=done, prefixes=prefixes, prefix_origin=prefix_origin
-        )
+        if constraints:
+            check_mode(translator.mode(k, constraints=True, prefixes=prefixes is not None))
+            results = translator.translate_constrained(group, k, start=done)
+        else:
+            results = translator.translate_lines_nbest(group, k, done, prefixes, prefix_origin)
         best = [hyps[0].text for hyps in results]
         counts.add(group, best)
         yield len(group), [hyps[0].line() for hyps in results] if k == 1 else format_nbest(results, start=done)
@@ -679,13 +655,13 @@ def translate_file(
     for i, line in enumerate(first[0] if constraints and first else []):
         split_constraints(line, i)  # the first window's format, before the model loads
     translator = load_translator(checkpoints, engine, ensemble, device, overrides)
-    translator.constraints = constraints
     counts = EmptyCount()
     # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
     # found before any translation is the only line printed
     with tqdm(unit="sent", desc="translate", file=sys.stderr, disable=not translator.show_progress, delay=0.5) as bar:
         translator.progress = bar
-        outputs = translated_windows(translator, itertools.chain([first] if first else [], chunks), counts, names[1])
+        windows_ = itertools.chain([first] if first else [], chunks)
+        outputs = translated_windows(translator, windows_, counts, names[1], constraints)
 
         def lines() -> Iterator[str]:
             for _, out in outputs:

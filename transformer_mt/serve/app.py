@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
 from transformer_mt.decode.constrained import encode_constraints
-from transformer_mt.decode.translate import CONSTRAINTS_ENGINE, Translator
+from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.protocol import (
@@ -136,7 +136,10 @@ class _Handlers:
 
     async def translate_v1(self, request: Request) -> Response:
         """``POST /v1/translate``, tmt's own API (decoding settings, prefixes, constraints, n-best)."""
-        return await self.answer(lambda raw: parse_v1(raw, self.cfg, self.limits), request, self.v1)
+        mode = self.batcher.translator.mode()
+        return await self.answer(
+            lambda raw: parse_v1(raw, self.cfg, self.limits, mode.engine, mode.ensemble), request, self.v1
+        )
 
     async def v1(self, parsed: Any) -> dict[str, Any]:
         """Checks what the queue would only find later (decoding settings, prefixes, constraints), so that a bad
@@ -253,10 +256,8 @@ async def _close(ws: WebSocket, err: RequestError) -> None:
 
 
 def check_constraints(translator: Translator, constraints: list[list[str]]) -> None:
-    """Refuse, before the queue, constraints that no translation could hold: an engine without constrained
-    search, or a phrase with characters the vocabulary lacks (the error names its source)."""
-    if translator.engine_search is not None:
-        raise RequestError(400, CONSTRAINTS_ENGINE.replace("--constraints", "'constraints'"), "constraints")
+    """Refuse, before the queue, constraints that no translation could hold: a phrase with characters the
+    vocabulary lacks (the error names its source). Which engines search with constraints, `parse_v1` says."""
     for i, phrases in enumerate(constraints):
         try:
             encode_constraints(translator.bpe, phrases, i)

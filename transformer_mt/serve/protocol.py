@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from transformer_mt.config import SEED_MAX, Config
+from transformer_mt.config import API_NAMES, SEED_MAX, Config, DecodeMode, mode_conflict
 from transformer_mt.decode.translate import Translation
 
 LANGUAGE_NAMES = {
@@ -178,8 +178,11 @@ def libre_response(request: LibreRequest, results: list[list[Translation]], cfg:
     return answer
 
 
-def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
-    """tmt's ``/v1/translate`` request: ``sources`` (single lines) and optional decoding settings."""
+def parse_v1(
+    raw: dict[str, Any], cfg: Config, limits: Limits, engine: str = "pytorch", ensemble: bool = False
+) -> V1Request:
+    """tmt's ``/v1/translate`` request: ``sources`` (single lines) and optional decoding settings, refused
+    when they do not combine on this server's ``engine`` (or ``ensemble``), as `mode_conflict` rules."""
     sources = raw.get("sources")
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise RequestError(400, "'sources' must be a list of strings, one line each", "sources")
@@ -198,7 +201,7 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
             400, f'\'sample\' must be a string such as "topk:10" or "topp:0.9", got {sample!r}', "sample"
         )
     beam = _whole(raw, "beam", 1 if sample else cfg.decode.beam_size, 1, limits.max_beam)
-    nbest = _whole(raw, "nbest", 1, 1, limits.max_beam if sample else beam)  # K samples need no beam
+    nbest = _whole(raw, "nbest", 1, 1, limits.max_beam)
     overrides = [f"decode.beam_size={beam}"] if beam != cfg.decode.beam_size else []
     for key, setting in (("len_penalty", "len_penalty"), ("temperature", "sampling_temperature")):
         value = raw.get(key)
@@ -216,9 +219,13 @@ def parse_v1(raw: dict[str, Any], cfg: Config, limits: Limits) -> V1Request:
             raise RequestError(400, f'\'alignment\' must be "hard" or "soft", got {alignment!r}', "alignment")
         overrides.append(f"decode.alignment={alignment}")
     prefixes, constraints = _prefixes(raw, len(sources)), _constraints(raw, len(sources))
-    if constraints is not None and (prefixes is not None or sample is not None):
-        other = "prefixes" if prefixes is not None else "sample"
-        raise RequestError(400, f"'constraints' cannot be combined with '{other}'; send one of them", "constraints")
+    mode = DecodeMode(
+        sample is not None, beam, nbest, constraints is not None, prefixes is not None, alignment is not None,
+        engine, ensemble,
+    )  # fmt: skip
+    conflict = mode_conflict(mode, API_NAMES)
+    if conflict is not None:
+        raise RequestError(400, conflict[1], conflict[0])
     job = Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes, constraints=constraints)
     return V1Request(job)
 

@@ -31,24 +31,16 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from transformer_mt.config import Sampling
-from transformer_mt.data.bpe import BOS, EOS
-from transformer_mt.decode.search import (
-    Hypothesis,
-    Prefixes,
-    force_eos_at_max_len,
-    kept_sentences,
-    length_penalty,
-    max_output_lengths,
-    restrict,
-    step_log_probs,
-)
-from transformer_mt.model.cache import MIN_CAPACITY
+from transformer_mt.data.bpe import EOS
+from transformer_mt.decode.search import Beams, Choice, Finished, Hypothesis, StepRules, search, step_log_probs
+from transformer_mt.decode.settings import SearchSettings
 
 
 def sample_seed(seed: int, source: Sequence[int], sample: int) -> int:
@@ -94,75 +86,55 @@ def draw(lprobs: Tensor, u: Tensor, sampling: Sampling, temperature: float) -> T
     return order.gather(1, pos).squeeze(1)
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class SampleStep:
+    """A step of sampling: one token drawn per row from its (filtered, tempered) distribution, at the row's
+    next pre-drawn number of ``u``; a row that draws EOS is finished and leaves. Each sample is a sentence of
+    its own (one row, width 1), its score the sum of the model's own log-probabilities, in float64."""
+
+    settings: SearchSettings
+    u: Tensor  # (rows, steps) float64: each row's draws (`uniforms`)
+    width: int = 1
+    score_dtype: torch.dtype = torch.float64
+
+    def __call__(
+        self, model: Any, features: Tensor, beams: Beams, finished: Finished, step: int | Tensor,
+        rules: StepRules, bos: Tensor | None = None,
+    ) -> Choice:  # fmt: skip
+        assert self.settings.sampling is not None and isinstance(step, int)
+        lprobs = rules(step_log_probs(model.logits(features)), slice(None))  # (n, V)
+        chosen = draw(lprobs, self.u[beams.sent, step], self.settings.sampling, self.settings.temperature)  # (n,)
+        scores = beams.scores[:, 0] + lprobs.gather(1, chosen[:, None]).squeeze(1).double()
+        done = chosen == EOS
+        rows, tokens = beams.sent[done].tolist(), beams.tokens[done, 1:].tolist()
+        for row, log_prob, generated in zip(rows, scores[done].tolist(), tokens, strict=True):
+            penalty = float(self.settings.penalty(float(len(generated) + 1)))
+            finished.add(row, Hypothesis(generated, log_prob / penalty, log_prob))
+        return Choice(scores[:, None], torch.zeros_like(chosen)[:, None], chosen[:, None], done)
+
+
 def sample_search(
     model: Any,
     src: Tensor,
     sources: Sequence[Sequence[int]],
-    sampling: Sampling,
-    temperature: float = 1.0,
-    seed: int = 1,
+    settings: SearchSettings,
     samples: int = 1,
-    len_penalty: float = 0.6,
-    len_penalty_form: Literal["gnmt", "fairseq"] = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    max_positions: int | None = None,
-    no_repeat_ngram: int = 0,
     prefixes: Sequence[Sequence[int]] | None = None,
     after_step: Callable[[], object] | None = None,
 ) -> list[list[Hypothesis]]:
-    """``samples`` samples of each sentence of ``src`` (B, S); ``sources``: the token ids of its rows (the seeds).
+    """``samples`` samples of each sentence of ``src`` (B, S) with ``settings.sampling``; ``sources``: the token ids
+    of its rows (the seeds).
 
     Returns, per sentence in input order, its samples in their numbers' order.
     ``prefixes``: per sentence, target ids every sample starts with, forced
-    as in beam search (`transformer_mt.decode.search.restrict`).
-    Each sample is a row of its own (the source is encoded once per sample),
-    and a finished sample leaves the batch, its cache rows dropped.
-    ``after_step``: called after every step, as in `beam_search`.
+    as in beam search. Each sample is a row of its own (the source is
+    encoded once per sample), and a finished sample leaves the batch.
+    ``after_step``: called after every step, as in `search`.
     """
+    if settings.sampling is None:
+        raise ValueError("sample_search needs settings.sampling (topk:K or topp:P)")
     rows = src.repeat_interleave(samples, dim=0)  # row i*samples + j: sample j of sentence i
-    max_len = max_output_lengths(rows, max_len_a, max_len_b, max_positions).to(src.device)
-    u = uniforms(seed, sources, samples, (max_len + 1).tolist()).to(src.device)
-    enc = model.encode(rows)
-    cache = model.init_cache(enc, beams=1, capacity=min(int(max_len.max()) + 1, MIN_CAPACITY))
-    active = torch.arange(rows.shape[0], device=src.device)  # the row of each live sample
-    tokens = torch.full((rows.shape[0], 1), BOS, dtype=torch.long, device=src.device)
-    log_probs = torch.zeros(rows.shape[0], dtype=torch.float64, device=src.device)
-    results: dict[int, Hypothesis] = {}
-    forced = Prefixes.of(prefixes, src.device)
-    step = 0
-    while active.numel() > 0:
-        lprobs = step_log_probs(model.decode(tokens[:, -1:], enc, cache)[:, -1])  # (n, V)
-        if no_repeat_ngram > 0 or forced is not None:
-            sentence = active.div(samples, rounding_mode="floor")
-            lprobs = restrict(lprobs, tokens[:, 1:], no_repeat_ngram, forced, sentence, step)
-        lprobs = force_eos_at_max_len(lprobs, max_len[active] == step)
-        chosen = draw(lprobs, u[active, step], sampling, temperature)  # (n,)
-        log_probs[active] += lprobs.gather(1, chosen[:, None]).squeeze(1).double()
-        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-        done = chosen == EOS
-        _collect(results, active[done].tolist(), tokens[done, 1:-1].tolist(), log_probs, len_penalty, len_penalty_form)
-        if bool(done.any()):
-            keep = kept_sentences(done)
-            if keep.numel() > 0:
-                cache.reorder(keep, sentences=keep)
-            active, tokens = active.index_select(0, keep), tokens.index_select(0, keep)
-        step += 1
-        if after_step is not None:
-            after_step()
-    return [[results[i * samples + j] for j in range(samples)] for i in range(src.shape[0])]
-
-
-def _collect(
-    results: dict[int, Hypothesis],
-    rows: list[int],
-    generated: list[list[int]],
-    log_probs: Tensor,
-    alpha: float,
-    form: Literal["gnmt", "fairseq"],
-) -> None:
-    """The finished samples of ``rows`` (their tokens without BOS and EOS) as hypotheses, scored as beam search's."""
-    for row, tokens in zip(rows, generated, strict=True):
-        lp = float(log_probs[row])
-        results[row] = Hypothesis(tokens, lp / float(length_penalty(float(len(tokens) + 1), alpha, form)), lp)
+    u = uniforms(settings.seed, sources, samples, (settings.max_lengths(rows) + 1).tolist()).to(src.device)
+    row_prefixes = None if prefixes is None else [p for p in prefixes for _ in range(samples)]
+    found = search(model, rows, settings, SampleStep(settings, u), 1, row_prefixes, after_step=after_step)
+    return [[found[i * samples + j][0] for j in range(samples)] for i in range(src.shape[0])]
