@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import metric_records
+from helpers import load_state, metric_records
 
-from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, ConfigError, load_config
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.bpe import load_bpe
@@ -223,8 +222,8 @@ def test_resume_with_sampling_is_bit_identical(sampled_toy, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "resuming from" in err and "training text re-encoded with BPE-dropout 0.1" in err
     assert result.epoch >= 2
-    a = load_checkpoint(straight / checkpoint_name(16))
-    b = load_checkpoint(interrupted / checkpoint_name(16))
+    a = load_state(straight / checkpoint_name(16))
+    b = load_state(interrupted / checkpoint_name(16))
     assert (a["epoch"], a["batch_in_epoch"]) == (b["epoch"], b["batch_in_epoch"])
     for key, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][key]), key
