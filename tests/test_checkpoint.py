@@ -13,8 +13,8 @@ from transformer_mt.checkpoint import (
     Batching,
     Checkpoint,
     CheckpointError,
-    Progress,
     RngState,
+    TrainingProgress,
     TrainingState,
     checkpoint_problem,
     from_state,
@@ -74,7 +74,9 @@ def test_an_older_checkpoint_reads_with_defaults_for_the_entries_added_since(tmp
 
 
 def test_typed_round_trip(tmp_path):
-    progress = Progress(update=7, epoch=3, batch_in_epoch=2, valid_loss=4.5, minutes=1.5, valid_history=[[5, 4.0]])
+    progress = TrainingProgress(
+        update=7, epoch=3, batch_in_epoch=2, valid_loss=4.5, minutes=1.5, valid_history=[[5, 4.0]]
+    )
     training = TrainingState(
         optimizer={"state": {}, "param_groups": []},
         rng=RngState(world_size=2, torch_cpu=[]),
@@ -93,22 +95,22 @@ def test_the_typed_entries_are_stored_as_before(tmp_path):
     cpu, cuda = [torch.get_rng_state()], [torch.zeros(16, dtype=torch.uint8)]
     key = {"max_tokens": 9, "seed": 1, "max_len": 8, "sentences": 5, "lengths": "ab", "batches": 3}
     training = TrainingState({"state": {}, "param_groups": []}, RngState(1, cpu), batching=Batching(**key))
-    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=1), training))
+    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", TrainingProgress(update=1), training))
     assert state["config"] == Config().to_dict() and state["batching"] == key
     assert state["rng"].keys() == {"world_size", "torch_cpu"} and state["scaler"] == {}
     sampled = dataclasses.replace(training, rng=RngState(1, cpu, cuda), batching=Batching(**key, sampling_alpha=0.5))
-    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=1), sampled))
+    state = to_state(Checkpoint({"w": torch.ones(2)}, Config(), b"spm", TrainingProgress(update=1), sampled))
     assert state["batching"] == {**key, "sampling_alpha": 0.5} and state["rng"]["torch_cuda"] is cuda
     save_state(tmp_path / "a.pt", state)
     assert read_checkpoint(tmp_path / "a.pt").training.batching == Batching(**key, sampling_alpha=0.5)
 
 
 def test_without_training_state_only_the_update_is_stored(tmp_path):
-    ck = Checkpoint({"w": torch.ones(2)}, Config(), b"spm", Progress(update=9, epoch=4), averaged_from=["a.pt"])
+    ck = Checkpoint({"w": torch.ones(2)}, Config(), b"spm", TrainingProgress(update=9, epoch=4), averaged_from=["a.pt"])
     assert set(to_state(ck)) == {"model", "config", "spm_model", "update", "averaged_from"}
     write_checkpoint(tmp_path / "avg.pt", ck)
     back = read_checkpoint(tmp_path / "avg.pt")
-    assert back.training is None and back.progress == Progress(update=9) and back.averaged_from == ["a.pt"]
+    assert back.training is None and back.progress == TrainingProgress(update=9) and back.averaged_from == ["a.pt"]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint.format import Checkpoint, CheckpointError, Progress
+from transformer_mt.checkpoint.format import Checkpoint, CheckpointError, TrainingProgress
 from transformer_mt.checkpoint.io import read_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.errors import shown
@@ -46,7 +46,7 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
         del ck  # one input's weights (and optimizer state) in memory at a time, besides the sums
     model = sums if single else _mean(sums, first[0], len(paths))
     update, config, spm_model = newest
-    return Checkpoint(model, config, spm_model, Progress(update=update), averaged_from=[str(p) for p in paths])
+    return Checkpoint(model, config, spm_model, TrainingProgress(update=update), averaged_from=[str(p) for p in paths])
 
 
 def _check_same_model(

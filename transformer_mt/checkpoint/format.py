@@ -35,7 +35,7 @@ class CheckpointError(UserError):
 
 
 @dataclass
-class Progress:
+class TrainingProgress:
     """Where a run is: what a checkpoint holds, besides weights and optimizer, to resume exactly."""
 
     update: int = 0  # optimizer steps taken (skipped non-finite updates do not count)
@@ -88,7 +88,7 @@ class Batching:
 
 @dataclass
 class TrainingState:
-    """What only resuming needs besides `Progress`; an averaged checkpoint has none."""
+    """What only resuming needs besides `TrainingProgress`; an averaged checkpoint has none."""
 
     optimizer: dict[str, Any]  # the optimizer's state_dict
     rng: RngState
@@ -103,7 +103,7 @@ class Checkpoint:
     model: dict[str, torch.Tensor]  # the model's state_dict
     config: Config  # the run's config; on disk `Config.to_dict()`
     spm_model: bytes  # the sentencepiece model file: translation needs no data directory
-    progress: Progress = field(default_factory=Progress)  # only ``update`` without ``training``
+    progress: TrainingProgress = field(default_factory=TrainingProgress)  # only ``update`` without ``training``
     training: TrainingState | None = None
     averaged_from: list[str] = field(default_factory=list)  # the input files of `tmt average`
 
@@ -114,7 +114,7 @@ def to_state(ck: Checkpoint) -> dict[str, Any]:
     config = ck.config.to_dict()
     state: dict[str, Any] = {"model": ck.model, "config": config, "spm_model": spm, "update": ck.progress.update}
     if not ck.averaged_from:  # an average has no place in a run; a stripped checkpoint keeps its minutes and figures
-        state.update({f.name: getattr(ck.progress, f.name) for f in dataclasses.fields(Progress)})
+        state.update({f.name: getattr(ck.progress, f.name) for f in dataclasses.fields(TrainingProgress)})
     if ck.training is not None:  # shallow: `dataclasses.asdict` would deep-copy the optimizer's tensors
         t = ck.training
         state.update(optimizer=t.optimizer, rng=t.rng.to_dict(), scaler=t.scaler)
@@ -188,11 +188,11 @@ def _entry(state: dict[str, Any], key: str, types: Any, path: str | Path, defaul
     return value
 
 
-def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Progress:
+def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> TrainingProgress:
     """The run's position; a resumable checkpoint must say where it is, the rest fall back to their defaults."""
     values = {}
-    for f in dataclasses.fields(Progress):
-        default = _REQUIRED if resumable and f.name in _RESUME_REQUIRED else getattr(Progress(), f.name)
+    for f in dataclasses.fields(TrainingProgress):
+        default = _REQUIRED if resumable and f.name in _RESUME_REQUIRED else getattr(TrainingProgress(), f.name)
         value = _entry(state, f.name, _PROGRESS_TYPES[f.name], path, default)
         values[f.name] = float(value) if isinstance(value, int) and _PROGRESS_TYPES[f.name] is not int else value
         low, high = _PROGRESS_RANGES.get(f.name, (None, None))
@@ -204,7 +204,7 @@ def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Progr
         values["valid_history"] = [[int(u), float(nll)] for u, nll in values["valid_history"]]
     except (TypeError, ValueError):
         raise CheckpointError(f"{path}: the 'valid_history' entry is not a list of [update, nll]; {_NOT_TMT}") from None
-    return Progress(**values)
+    return TrainingProgress(**values)
 
 
 def _config(state: dict[str, Any], path: str | Path) -> Config:

@@ -5,7 +5,7 @@ train.max_minutes; its progress (0..1) is the larger of the update and the
 wall-clock fraction (`horizon_progress`), which the schedule, the snapshots
 for averaging and the estimate of the time left all read. The wall clock is
 counted across resumes: a checkpoint records the minutes trained before it
-(`Progress.minutes`), and a resumed process goes on from them.
+(`TrainingProgress.minutes`), and a resumed process goes on from them.
 
 The clock is a parameter (``time.monotonic`` in a real run), so a test can
 drive a timed run with a clock of its own.
@@ -70,7 +70,7 @@ class Budget:
 
     tc: TrainConfig
     horizon: int  # `horizon_updates`
-    minutes_before: float  # trained before this process (the resumed checkpoint's `Progress.minutes`)
+    minutes_before: float  # trained before this process (the resumed checkpoint's `TrainingProgress.minutes`)
     start: float  # the clock when this process started
     clock: Clock = time.monotonic
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)

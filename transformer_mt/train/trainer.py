@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
+from transformer_mt.checkpoint import Checkpoint, TrainingProgress, TrainingState, write_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.cpus import use_threads
 from transformer_mt.data.dataset import Batch
@@ -80,7 +80,7 @@ class Trainer:
         resumed = resume(cfg, env, self.stepper, self.data, self.epochs)
         if tc.init_from:
             start_from_weights(cfg, env, self.stepper, self.data, None if resumed is None else resumed.update)
-        p = self.progress = resumed or Progress()  # where the run is: saved in every checkpoint
+        p = self.progress = resumed or TrainingProgress()  # where the run is: saved in every checkpoint
         self.last_save_update = p.update if resumed else -1
         self.last_save_minutes = p.minutes  # the run's clock in the last periodic checkpoint, where a resume goes on
         horizon = horizon_updates(tc, len(self.epochs.batches(p.epoch)))
