@@ -124,7 +124,7 @@ TRAIN_LAYERS = [
     ("run_files", "run_lock", "init_from", "nonfinite", "average"),
     ("build",),
     ("budget", "epochs", "validation"),
-    ("metrics", "resume"),
+    ("run_log", "resume"),
     ("trainer",),
 ]
 

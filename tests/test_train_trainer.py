@@ -27,9 +27,9 @@ from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.budget import clock_marks
 from transformer_mt.train.distributed import DistEnv, setup
-from transformer_mt.train.metrics import Window, final_warnings
 from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
+from transformer_mt.train.run_log import Window, final_warnings
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -447,7 +447,7 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
 @pytest.mark.parametrize("has_bf16", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, capsys, monkeypatch, has_bf16):
     """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
-    monkeypatch.setattr("transformer_mt.train.metrics.cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr("transformer_mt.train.run_log.cpu_has_bf16", lambda: has_bf16)
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
     warned = [m for m in metric_records(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]

@@ -6,7 +6,7 @@ lives in ``step.py``; what a run is built from (data, model, optimizer) in
 ``build.py``; its parts in modules named for them: ``resume.py`` (finding,
 checking and restoring a run), ``budget.py`` (progress, horizon, snapshots,
 the clock), ``epochs.py`` (the epoch's batches and the position in it),
-``metrics.py`` (the metric window, log lines and records), ``nonfinite.py``
+``run_log.py`` (the metric window, log lines and records), ``nonfinite.py``
 (skipped updates and divergence) and ``validation.py``.
 
 Everything that decides the trajectory lives in the checkpoint (weights,
@@ -36,13 +36,13 @@ from transformer_mt.train.budget import Budget, Clock, horizon_updates
 from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.distributed import DistEnv, barrier, cleanup, peer_ended, setup
 from transformer_mt.train.epochs import Epochs
-from transformer_mt.train.metrics import RunLog, Window, final_warnings
 from transformer_mt.train.nonfinite import NonfinitePolicy
 from transformer_mt.train.prefetch import prefetched
 from transformer_mt.train.resume import interrupted, resume, start_from_weights
 from transformer_mt.train.run_checkpoints import prune_checkpoints, strip_older_checkpoints
 from transformer_mt.train.run_files import RunFiles, rng_state
 from transformer_mt.train.run_lock import hold_run_dir
+from transformer_mt.train.run_log import RunLog, Window, final_warnings
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import UpdateStats, accumulate_gradients, apply_gradients
 from transformer_mt.train.validation import ValidBleu, record_validation, validate
