@@ -25,6 +25,15 @@ from transformer_mt.train.schedule import horizon_progress
 Clock = Callable[[], float]  # seconds, monotonic
 
 
+def stop_reason(tc: TrainConfig, key: str) -> str:
+    """``key=value`` for the train setting ``key`` that stops the run, as a user sets it (``max_minutes=60``): one
+    spelling in the log line, the end record of metrics.jsonl and `TrainResult`, whatever the value's type."""
+    value = getattr(tc, key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 60.0 from a YAML 60 or a default: the user wrote 60
+    return f"{key}={value}"
+
+
 def horizon_updates(tc: TrainConfig, batches_per_epoch: int) -> int:
     """The update count at which the run ends by train.max_updates or train.max_epochs (0: no such bound)."""
     bounds = [tc.max_updates] if tc.max_updates > 0 else []
@@ -125,10 +134,10 @@ class Budget:
         tc = self.tc
         by_time = tc.max_minutes > 0 and (not self.horizon or self.minutes() / tc.max_minutes >= update / self.horizon)
         if by_time:
-            return f"max_minutes={tc.max_minutes:g}"
+            return stop_reason(tc, "max_minutes")
         if tc.max_updates > 0 and self.horizon == tc.max_updates:
-            return f"max_updates={tc.max_updates}"
-        return f"max_epochs={tc.max_epochs}" if tc.max_epochs > 0 else "no bound"
+            return stop_reason(tc, "max_updates")
+        return stop_reason(tc, "max_epochs") if tc.max_epochs > 0 else "no bound"
 
     def time_left(self, update: int) -> str:
         """An estimate of the wall-clock time to the end of the budget, from this run's pace so far."""
