@@ -20,17 +20,15 @@ model's working set, which a window bounds in the same way.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.checkpoint import Checkpoint, write_checkpoint
 from transformer_mt.config import Config, load_config
 from transformer_mt.data.bpe import load_bpe, train_bpe
 from transformer_mt.data.clean import normalize
@@ -54,10 +52,8 @@ def tiny_checkpoint(text: Path, directory: Path) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Transformer(cfg.model, load_bpe(spm_path).get_piece_size())
-    spm_bytes = np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy()
     path = directory / "tiny.pt"
-    save_checkpoint(path, {"model": model.state_dict(), "config": dataclasses.asdict(cfg), "update": 0,
-                           "spm_model": torch.from_numpy(spm_bytes)})  # fmt: skip
+    write_checkpoint(path, Checkpoint(model.state_dict(), cfg, spm_path.read_bytes()))
     return path
 
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: a run's config, its metric records, and a tiny random-weight Transformer.
+"""Helpers shared by the tests: a run's config, its metric records, a tiny random-weight Transformer, and a
+checkpoint file's stored dict as it is on disk.
 
 Fixtures live in conftest.py (``prepared_toy``, ``one_thread``, ...); these are plain functions, imported as
 ``from helpers import run_config, metric_records`` (pytest puts this directory on the import path).
@@ -46,3 +47,16 @@ def tiny_transformer(embed_scale: float, eos_scale: float = 1.0) -> Transformer:
         model.embed.weight.mul_(embed_scale)
         model.embed.weight[EOS].mul_(eos_scale)
     return model
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The dict a checkpoint file stores, read as torch reads it (safely), no entry checked: what tests inspect to
+    see the format on disk, independent of `transformer_mt.checkpoint`'s reader."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_state(path: str | Path, state: dict[str, Any]) -> None:
+    """Store ``state`` as a checkpoint file would, unchecked: how tests craft old, damaged or foreign checkpoints,
+    which `transformer_mt.checkpoint.write_checkpoint` (a valid `Checkpoint` only) never writes."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)

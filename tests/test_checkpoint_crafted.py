@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_state, save_state
 
-from transformer_mt.checkpoint import load_checkpoint, read_average, read_checkpoint, save_checkpoint
+from transformer_mt.checkpoint import read_average, read_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
@@ -97,11 +98,11 @@ MUTATIONS: dict[str, Callable[[dict], None]] = {
 
 
 def _crafted(source: Path, directory: Path, mutate: Callable[[dict], None]) -> Path:
-    state = load_checkpoint(source)
+    state = load_state(source)
     mutate(state)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / checkpoint_name(UPDATES)
-    save_checkpoint(path, state)
+    save_state(path, state)
     return path
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import typer
+from helpers import load_state, save_state
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import EOS, load_bpe
@@ -53,7 +53,7 @@ def write_checkpoint(
     state = {"model": model.state_dict(), "config": cfg.to_dict(), "update": seed}
     if with_spm:
         state["spm_model"] = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
-    save_checkpoint(path, state)
+    save_state(path, state)
     return model.state_dict()
 
 
@@ -163,7 +163,7 @@ def test_averaging_on_the_fly_equals_tmt_average(ckpts: list[Path], toy_cfg: Con
     result = CliRunner().invoke(app, ["average", str(inputs[0]), str(inputs[1]), "-o", str(tmp_path / "avg.pt")])
     assert result.exit_code == 0, result.output
     assert f"averaged 2 checkpoints ({inputs[0]}, {inputs[1]}) -> {tmp_path / 'avg.pt'}" in result.output
-    written = load_checkpoint(tmp_path / "avg.pt")
+    written = load_state(tmp_path / "avg.pt")
     on_the_fly = Translator.from_checkpoints(inputs, device="cpu")
     from_file = Translator.from_checkpoints([tmp_path / "avg.pt"], device="cpu")
     fly, saved = on_the_fly.model.state_dict(), from_file.model.state_dict()
@@ -179,7 +179,7 @@ def test_averaging_on_the_fly_equals_tmt_average(ckpts: list[Path], toy_cfg: Con
 def test_averaging_rejects_different_bpe_models(ckpts: list[Path], toy_cfg: Config, tmp_path: Path) -> None:
     state = torch.load(ckpts[1], weights_only=True)
     state["spm_model"] = state["spm_model"][:-1]
-    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    save_state(tmp_path / "other_bpe.pt", state)
     with pytest.raises(UserError, match=r"other_bpe\.pt: a different BPE model"):
         Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu")
 
@@ -340,7 +340,7 @@ def test_an_ensemble_takes_the_first_decode_section_and_the_smallest_max_positio
 def test_an_ensemble_refuses_different_vocabularies(ckpts: list[Path], tmp_path: Path) -> None:
     state = torch.load(ckpts[1], weights_only=True)
     state["spm_model"] = state["spm_model"][:-1]
-    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    save_state(tmp_path / "other_bpe.pt", state)
     with pytest.raises(LoadError, match=r"other_bpe\.pt: a different BPE model .* than .*a\.pt; an ensemble"):
         Translator.from_checkpoints([ckpts[0], tmp_path / "other_bpe.pt"], device="cpu", ensemble=True)
     with pytest.raises(TranslateError, match="--ensemble runs tmt's own search"):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from helpers import save_state
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.errors import UserError
@@ -363,7 +363,7 @@ def test_evaluate_ensemble_decodes_the_checkpoints_together(split_ckpt: Path, pr
     other = split_ckpt.parent / "other.pt"
     state = torch.load(split_ckpt, weights_only=True)
     state["model"] = {k: v.flip(0) if v.dim() == 2 else v for k, v in state["model"].items()}  # another model
-    save_checkpoint(other, state)
+    save_state(other, state)
     out = split_ckpt.parent / "eval_ensemble"
     args = ["evaluate", "test", "-c", str(split_ckpt), "-c", str(other), "--beam", "2", "-o", str(out)]
     result = CliRunner().invoke(app, [*args, "--ensemble"])

@@ -124,23 +124,37 @@ TRAIN_LAYERS = [
     ("run_files", "run_lock", "init_from", "nonfinite", "average"),
     ("build",),
     ("budget", "epochs", "validation"),
-    ("metrics", "resume"),
+    ("run_log", "resume"),
     ("trainer",),
 ]
 
 
-def _train_layer(name: str) -> int:
-    found = [i for i, layer in enumerate(TRAIN_LAYERS) if name.split(".")[2] in layer]
-    assert found, f"{name}: give it a layer in TRAIN_LAYERS and in docs/architecture.md"
+def _inner_layer(name: str, layers: list[tuple[str, ...]]) -> int:
+    found = [i for i, layer in enumerate(layers) if name.split(".")[2] in layer]
+    assert found, f"{name}: give it a layer in the test's list of its package and in docs/architecture.md"
     return found[0]
 
 
+def _inner_imports_against_the_layers(graph: dict[str, set[str]], package: str, layers: list[tuple[str, ...]]):
+    """``package``'s imports of its own modules that are not of an earlier layer (its ``__init__`` aside)."""
+    inner = {name: imported for name, imported in graph.items() if name.startswith(package + ".")}
+    return [f"{name} -> {m}" for name, imported in inner.items() for m in imported
+            if m.startswith(package + ".") and _inner_layer(m, layers) >= _inner_layer(name, layers)]  # fmt: skip
+
+
 def test_train_modules_import_only_earlier_layers_of_train(graph):
-    train = {name: imported for name, imported in graph.items() if name.startswith("transformer_mt.train.")}
-    assert "transformer_mt.train.trainer" in train
-    bad = [f"{name} -> {m}" for name, imported in train.items() for m in imported
-           if m.startswith("transformer_mt.train.") and _train_layer(m) >= _train_layer(name)]  # fmt: skip
-    assert bad == []
+    assert "transformer_mt.train.trainer" in graph
+    assert _inner_imports_against_the_layers(graph, "transformer_mt.train", TRAIN_LAYERS) == []
+
+
+# Inside checkpoint/, the same rule (docs/architecture.md, "Checkpoints"): what a checkpoint holds and where a run
+# keeps it, then its files, then the average of several files.
+CHECKPOINT_LAYERS = [("format", "run_dir"), ("io",), ("average",)]
+
+
+def test_checkpoint_modules_import_only_earlier_layers_of_checkpoint(graph):
+    assert "transformer_mt.checkpoint.average" in graph
+    assert _inner_imports_against_the_layers(graph, "transformer_mt.checkpoint", CHECKPOINT_LAYERS) == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -102,13 +102,15 @@ SCRIPT = CONFIGS.parent / "scripts" / "table3.sh"
 
 def _checkpoints(run_dir: Path, *updates: int) -> None:
     """Readable stand-ins for a run's periodic checkpoints (what `newest_readable` accepts)."""
-    from transformer_mt.checkpoint import Checkpoint, Progress, write_checkpoint
+    from transformer_mt.checkpoint import Checkpoint, TrainingProgress, write_checkpoint
     from transformer_mt.config import Config
     from transformer_mt.run_names import checkpoint_name
 
     run_dir.mkdir(parents=True)
     for update in updates:
-        write_checkpoint(run_dir / checkpoint_name(update), Checkpoint({}, Config(), b"spm", Progress(update=update)))
+        write_checkpoint(
+            run_dir / checkpoint_name(update), Checkpoint({}, Config(), b"spm", TrainingProgress(update=update))
+        )
 
 
 def test_table3_script_trains_the_row_and_scores_its_last_checkpoint_on_newstest2013(run_recipe, tmp_path):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_state, save_state
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import load_checkpoint, read_average, save_checkpoint, to_state
+from transformer_mt.checkpoint import read_average, to_state
 from transformer_mt.cli import app
 from transformer_mt.config import Config, save_config
 from transformer_mt.data.bpe import PAD, load_bpe_bytes
@@ -28,7 +29,7 @@ def toy(prepared_toy: Config) -> tuple[Config, bytes]:
 
 
 def _ckpt(path, update, model, spm=b"spm", config=None):
-    save_checkpoint(
+    save_state(
         path,
         {
             "model": model,
@@ -78,7 +79,7 @@ def test_mean_of_parameters(tmp_path, toy):
     paths = [_real_ckpt(toy, tmp_path / checkpoint_name(u), u, model=m) for u, m in zip(updates, models, strict=True)]
     out = tmp_path / "average.pt"
     average_checkpoints(paths, out)
-    avg = load_checkpoint(out)
+    avg = load_state(out)
     assert avg["model"].keys() == models[0].keys()
     for key in models[0]:
         expected = torch.stack([m[key].double() for m in models]).mean(0).float()
@@ -100,7 +101,7 @@ def test_average_states_is_what_average_checkpoints_writes(tmp_path, toy):
     state = to_state(read_average(paths))
     assert not list(tmp_path.glob("avg*"))  # nothing written
     average_checkpoints(paths, tmp_path / "avg.pt")
-    saved = load_checkpoint(tmp_path / "avg.pt")
+    saved = load_state(tmp_path / "avg.pt")
     assert saved.keys() == state.keys()
     assert all(torch.equal(saved["model"][k], state["model"][k]) for k in state["model"])
     assert saved["update"] == state["update"] == 2 and saved["config"] == state["config"]
@@ -128,7 +129,7 @@ def test_bf16_is_cast_back_after_float64_accumulation(tmp_path, toy):
     models = [_real_model(toy, s, torch.bfloat16) for s in (4, 5)]
     paths = [_real_ckpt(toy, tmp_path / f"{i}.pt", i, model=m) for i, m in enumerate(models)]
     average_checkpoints(paths, tmp_path / "avg.pt")
-    avg = load_checkpoint(tmp_path / "avg.pt")["model"]["embed.weight"]
+    avg = load_state(tmp_path / "avg.pt")["model"]["embed.weight"]
     assert avg.dtype == torch.bfloat16
     pair = [m["embed.weight"].double() for m in models]
     assert torch.equal(avg, ((pair[0] + pair[1]) / 2).bfloat16())
@@ -203,7 +204,7 @@ def test_last_checkpoints_passes_over_unreadable_files(tmp_path, capsys, toy):
     assert f"skipping {bad}" in capsys.readouterr().err
     result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "2"])
     assert result.exit_code == 0, result.output
-    assert load_checkpoint(tmp_path / "average.pt")["update"] == 20
+    assert load_state(tmp_path / "average.pt")["update"] == 20
     for u in (10, 20):
         (tmp_path / checkpoint_name(u)).write_bytes(b"")
     with pytest.raises(AverageError, match="no readable checkpoint_u"):
@@ -218,15 +219,15 @@ def test_cli_average(tmp_path, toy):
     save_config(cfg, tmp_path / "config.yaml")
     result = CliRunner().invoke(app, ["average", str(tmp_path)])  # --last from the run's train.average_last
     assert result.exit_code == 0, result.output
-    avg = load_checkpoint(tmp_path / "average.pt")
+    avg = load_state(tmp_path / "average.pt")
     assert avg["averaged_from"] == [str(tmp_path / checkpoint_name(u)) for u in (20, 30)]
     out = tmp_path / "two.pt"
     a, b = (str(tmp_path / checkpoint_name(u)) for u in (10, 30))
     result = CliRunner().invoke(app, ["average", a, b, "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert load_checkpoint(out)["update"] == 30
+    assert load_state(out)["update"] == 30
     result = CliRunner().invoke(app, ["average", str(tmp_path), "--last", "3", "-o", str(out)])
-    assert len(load_checkpoint(out)["averaged_from"]) == 3
+    assert len(load_state(out)["averaged_from"]) == 3
     result = CliRunner().invoke(app, ["average", str(tmp_path / "missing")])
     assert result.exit_code != 0 and "no such run directory" in result.output
     result = CliRunner().invoke(app, ["average", a, b, "--last", "2"])
@@ -240,6 +241,6 @@ def test_cli_average_of_checkpoint_files_writes_to_the_working_directory(tmp_pat
     monkeypatch.chdir(work)
     result = CliRunner().invoke(app, ["average", str(a), str(b)])
     assert result.exit_code == 0, result.output
-    assert load_checkpoint(work / "average.pt")["update"] == 20
+    assert load_state(work / "average.pt")["update"] == 20
     help_text = CliRunner().invoke(app, ["average", "--help"]).output
     assert "./average.pt" in " ".join(help_text.split())  # the help says so

@@ -134,7 +134,8 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
     import subprocess
     import sys
 
-    from transformer_mt.checkpoint import load_checkpoint
+    from helpers import load_state
+
     from transformer_mt.run_names import checkpoint_name
 
     run = tmp_path / "run"
@@ -151,7 +152,7 @@ def test_tmt_train_with_torchrun_two_processes(prepared_toy, tmp_path):
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    state = load_checkpoint(run / checkpoint_name(4))
+    state = load_state(run / checkpoint_name(4))
     assert state["update"] == 4 and state["rng"]["world_size"] == 2
     cpu0, cpu1 = state["rng"]["torch_cpu"]
     assert not torch.equal(cpu0, cpu1)  # each rank draws its own dropout masks

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metric_records, run_config
+from helpers import load_state, metric_records, run_config, save_state
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from transformer_mt.checkpoint import CheckpointError, read_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.bpe import load_bpe
@@ -49,12 +49,12 @@ def test_a_new_run_starts_from_the_weights_with_a_fresh_optimizer_and_schedule(
     assert f"fine-tuning: weights from {parent} (update 4 of its run)" in capsys.readouterr().err
     # the first update moved the parent's weights by one step of the new run (Adam's first step is about lr per
     # weight), where a run from random weights would be far away
-    start, first = load_checkpoint(parent)["model"], load_checkpoint(run / checkpoint_name(1))
+    start, first = load_state(parent)["model"], load_state(run / checkpoint_name(1))
     lr = Schedule.from_config(prepared_toy.train, prepared_toy.model.d_model).lr(1, 0.0)
     weight = "decoder.0.ffn.fc1.weight"
     assert 0 < float((first["model"][weight] - start[weight]).abs().max()) <= 1.01 * lr
     # a fresh optimizer: Adam has taken 2 steps after two updates (the parent's took 4), and the schedule is at 1
-    newest = load_checkpoint(run / checkpoint_name(2))  # older checkpoints keep no optimizer state
+    newest = load_state(run / checkpoint_name(2))  # older checkpoints keep no optimizer state
     assert {int(s["step"]) for s in newest["optimizer"]["state"].values()} == {2}
     assert first["update"] == 1 and first["epoch"] == 1
     records = metric_records(run)
@@ -68,21 +68,21 @@ def test_a_resumed_run_keeps_its_own_weights_and_says_so(
 ) -> None:
     run = tmp_path / "tuned"
     train_model(_cfg(prepared_toy, run, max_updates=1, init_from=str(parent)))
-    own = load_checkpoint(run / checkpoint_name(1))["model"]
+    own = load_state(run / checkpoint_name(1))["model"]
     capsys.readouterr()
     result = train_model(_cfg(prepared_toy, run, max_updates=2, init_from=str(parent), save_every_updates=1))
     err = capsys.readouterr().err
     assert result.update == 2 and "resuming from" in err and "fine-tuning: weights" not in err
     assert f"note: train.init_from={parent} is ignored" in err and "resumes from them (update 1)" in err
-    second = load_checkpoint(run / checkpoint_name(2))
+    second = load_state(run / checkpoint_name(2))
     assert {int(s["step"]) for s in second["optimizer"]["state"].values()} == {2}  # continued, not restarted
     assert any(not torch.equal(own[k], second["model"][k]) for k in own)
 
 
 def test_another_vocabulary_is_refused_naming_both_files(prepared_toy: Config, parent: Path, tmp_path: Path) -> None:
-    state = load_checkpoint(parent)
+    state = load_state(parent)
     state["spm_model"] = state["spm_model"][:-1]
-    save_checkpoint(tmp_path / "other_bpe.pt", state)
+    save_state(tmp_path / "other_bpe.pt", state)
     spm = Path(prepared_toy.data.dir) / "spm.model"
     with pytest.raises(
         TrainError, match=rf"other_bpe\.pt was trained with another BPE vocabulary than {re.escape(str(spm))}"

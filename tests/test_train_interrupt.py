@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.checkpoint import Checkpoint, write_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.errors import Interrupted
@@ -56,7 +56,7 @@ def ctrl_c_at_save(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def test_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_leaves_nothing(tmp_path, ctrl_c_at_save) -> None:
     ctrl_c_at_save.append(1)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path / "checkpoint_u0000001.pt", {"model": {"w": torch.zeros(1000)}})
+        write_checkpoint(tmp_path / "checkpoint_u0000001.pt", Checkpoint({"w": torch.zeros(1000)}, Config(), b"spm"))
     assert list(tmp_path.iterdir()) == []
 
 

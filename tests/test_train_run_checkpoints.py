@@ -7,9 +7,10 @@ import sys
 
 import pytest
 import torch
+from helpers import load_state, save_state
 from test_checkpoint import _state
 
-from transformer_mt.checkpoint import checkpoint_problem, load_checkpoint, read_checkpoint, save_checkpoint
+from transformer_mt.checkpoint import checkpoint_problem, read_checkpoint
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train import run_checkpoints as ck
 from transformer_mt.train.run_checkpoints import (
@@ -31,10 +32,10 @@ def test_names_sort_by_update(tmp_path):
 
 def test_resume_skips_corrupt_newest(tmp_path, capsys):
     for u in (100, 200, 300):
-        save_checkpoint(tmp_path / checkpoint_name(u), _state(u))
+        save_state(tmp_path / checkpoint_name(u), _state(u))
     newest = tmp_path / checkpoint_name(300)
     newest.write_bytes(newest.read_bytes()[:500])
-    save_checkpoint(tmp_path / "checkpoint_best.pt", _state(999))
+    save_state(tmp_path / "checkpoint_best.pt", _state(999))
     path, found = find_resume_checkpoint(tmp_path)
     assert path.name == checkpoint_name(200) and found.progress.update == 200
     err = capsys.readouterr().err
@@ -44,7 +45,7 @@ def test_resume_skips_corrupt_newest(tmp_path, capsys):
 
 def test_prune_keeps_newest(tmp_path):
     for u in range(1, 8):
-        save_checkpoint(tmp_path / checkpoint_name(u * 10), _state(u * 10))
+        save_state(tmp_path / checkpoint_name(u * 10), _state(u * 10))
     (tmp_path / "checkpoint_best.pt").write_bytes(b"x")
     deleted = prune_checkpoints(tmp_path, 3)
     assert len(deleted) == 4
@@ -57,7 +58,7 @@ def test_prune_keeps_newest(tmp_path):
 def test_an_unreadable_checkpoint_never_counts_toward_keep_last(tmp_path, capsys, damage):
     """keep_last 2 with the newest file damaged: the two newest good ones stay, the damaged one stays, warned about."""
     for u in (10, 20, 30, 40):
-        save_checkpoint(tmp_path / checkpoint_name(u), _state(u))
+        save_state(tmp_path / checkpoint_name(u), _state(u))
     bad = tmp_path / checkpoint_name(40)
     data = bad.read_bytes()
     bad.write_bytes({"truncate": data[: len(data) // 2], "garbage": os.urandom(2000), "empty": b""}[damage])
@@ -65,14 +66,14 @@ def test_an_unreadable_checkpoint_never_counts_toward_keep_last(tmp_path, capsys
     assert prune_checkpoints(tmp_path, 2) == [tmp_path / checkpoint_name(10)]
     assert [ck.checkpoint_update(p) for p in list_checkpoints(tmp_path)] == [20, 30, 40]
     assert f"skipping {bad}: not a readable checkpoint" in capsys.readouterr().err
-    save_checkpoint(tmp_path / checkpoint_name(50), _state(50))
-    save_checkpoint(tmp_path / checkpoint_name(60), _state(60))
+    save_state(tmp_path / checkpoint_name(50), _state(50))
+    save_state(tmp_path / checkpoint_name(60), _state(60))
     prune_checkpoints(tmp_path, 2)  # the damaged file is now older than every kept one: it goes with them
     assert [ck.checkpoint_update(p) for p in list_checkpoints(tmp_path)] == [50, 60]
 
 
 def test_prune_deletes_nothing_while_too_few_readable_checkpoints_exist(tmp_path):
-    save_checkpoint(tmp_path / checkpoint_name(10), _state(10))
+    save_state(tmp_path / checkpoint_name(10), _state(10))
     (tmp_path / checkpoint_name(20)).write_bytes(b"x")
     assert prune_checkpoints(tmp_path, 2) == []
     assert len(list_checkpoints(tmp_path)) == 2
@@ -91,18 +92,18 @@ def _big_state(update: int) -> dict:
 
 def test_only_the_newest_periodic_checkpoint_and_the_best_keep_the_training_state(tmp_path):
     for u in (10, 20, 30):
-        save_checkpoint(tmp_path / checkpoint_name(u), _big_state(u))
-    save_checkpoint(tmp_path / BEST_NAME, _big_state(20))
+        save_state(tmp_path / checkpoint_name(u), _big_state(u))
+    save_state(tmp_path / BEST_NAME, _big_state(20))
     full = (tmp_path / checkpoint_name(10)).stat().st_size
     newest = tmp_path / checkpoint_name(30)
     assert strip_older_checkpoints(tmp_path, newest) == [tmp_path / checkpoint_name(u) for u in (10, 20)]
     for u in (10, 20):
         path = tmp_path / checkpoint_name(u)
         stripped, before = read_checkpoint(path), _big_state(u)
-        assert stripped.training is None and "optimizer" not in load_checkpoint(path)
+        assert stripped.training is None and "optimizer" not in load_state(path)
         assert (
             torch.equal(stripped.model["w"], before["model"]["w"])
-            and stripped.config.to_dict() == load_checkpoint(path)["config"]
+            and stripped.config.to_dict() == load_state(path)["config"]
         )
         assert stripped.spm_model == b"\x00spm\xff"  # translation and averaging need nothing else
         assert (stripped.progress.update, stripped.progress.epoch, stripped.progress.minutes) == (u, 2, 1.5 * u)
@@ -114,7 +115,7 @@ def test_only_the_newest_periodic_checkpoint_and_the_best_keep_the_training_stat
 
 def test_nothing_is_stripped_until_the_newest_checkpoint_reads_back(tmp_path):
     for u in (10, 20):
-        save_checkpoint(tmp_path / checkpoint_name(u), _big_state(u))
+        save_state(tmp_path / checkpoint_name(u), _big_state(u))
     newest = tmp_path / checkpoint_name(20)
     newest.write_bytes(newest.read_bytes()[:2000])
     assert strip_older_checkpoints(tmp_path, newest) == []
@@ -123,15 +124,15 @@ def test_nothing_is_stripped_until_the_newest_checkpoint_reads_back(tmp_path):
 
 def test_resume_takes_the_best_checkpoint_when_the_newest_is_unreadable_and_the_rest_stripped(tmp_path, capsys):
     for u in (10, 20, 30):
-        save_checkpoint(tmp_path / checkpoint_name(u), _big_state(u))
+        save_state(tmp_path / checkpoint_name(u), _big_state(u))
     strip_older_checkpoints(tmp_path, tmp_path / checkpoint_name(30))
     (tmp_path / checkpoint_name(30)).write_bytes(b"damaged")
-    save_checkpoint(tmp_path / BEST_NAME, _big_state(25))
+    save_state(tmp_path / BEST_NAME, _big_state(25))
     path, found = find_resume_checkpoint(tmp_path)
     assert path.name == BEST_NAME and found.progress.update == 25 and found.training is not None
     assert f"skipping {tmp_path / checkpoint_name(30)}" in capsys.readouterr().err
     # a best checkpoint older than a readable weights-only one would rewind past it: the trainer refuses that one
-    save_checkpoint(tmp_path / BEST_NAME, _big_state(15))
+    save_state(tmp_path / BEST_NAME, _big_state(15))
     path, found = find_resume_checkpoint(tmp_path)
     assert path.name == checkpoint_name(20) and found.training is None
 
@@ -146,7 +147,7 @@ strip_older_checkpoints(sys.argv[1], __import__("pathlib").Path(sys.argv[2]))
 
 def test_a_kill_while_stripping_leaves_every_checkpoint_whole_and_the_run_resumable(tmp_path):
     for u in (10, 20):
-        save_checkpoint(tmp_path / checkpoint_name(u), _big_state(u))
+        save_state(tmp_path / checkpoint_name(u), _big_state(u))
     newest = tmp_path / checkpoint_name(20)
     child = subprocess.run([sys.executable, "-c", _KILLED_IN_STRIP, str(tmp_path), str(newest)], check=False)
     assert child.returncode == -signal.SIGKILL

@@ -43,13 +43,14 @@ lock.release()
 # A save killed (SIGKILL) halfway through writing the checkpoint.
 KILLED_SAVE = """
 import os, signal, sys, torch
-from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.checkpoint import Checkpoint, write_checkpoint
+from transformer_mt.config import Config
 def half_then_kill(obj, f):
     f.write(b"half a checkpoint")
     f.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 torch.save = half_then_kill
-save_checkpoint(sys.argv[1], {"model": {}})
+write_checkpoint(sys.argv[1], Checkpoint({}, Config(), b"spm"))
 """
 
 

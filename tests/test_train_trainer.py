@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import metric_records, run_config
+from helpers import load_state, metric_records, run_config, save_state
 
-from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.config import Config, ConfigError, load_config
 from transformer_mt.data.batching import resume_position, too_long
 from transformer_mt.data.dataset import Batch, ParallelDataset
@@ -28,9 +27,9 @@ from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.average import average_checkpoints
 from transformer_mt.train.budget import clock_marks
 from transformer_mt.train.distributed import DistEnv, setup
-from transformer_mt.train.metrics import Window, final_warnings
 from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
+from transformer_mt.train.run_log import Window, final_warnings
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -52,7 +51,7 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
         keep_last=2, log_every=10,
     )  # fmt: skip
     result = train_model(cfg)
-    last = load_checkpoint(run / checkpoint_name(result.update))
+    last = load_state(run / checkpoint_name(result.update))
     # stopped by max_epochs, after every batch of epoch 1, grouped 2 per update
     assert result.stop_reason == "max_epochs=1" and last["epoch"] == 1
     assert result.update == math.ceil(last["batch_in_epoch"] / 2) > 40
@@ -66,7 +65,7 @@ def test_one_epoch_lowers_validation_loss_and_writes_the_run(prepared_toy, tmp_p
     assert all(m["tgt_tokens_per_s"] > 0 and m["lr"] > 0 and m["nll"] < m["loss"] for m in train)
     # keep_last=2 periodic checkpoints (the final one included) + the best one; each is self-contained
     assert [p.name for p in list_checkpoints(run)] == [checkpoint_name(40), checkpoint_name(result.update)]
-    best = load_checkpoint(run / BEST_NAME)
+    best = load_state(run / BEST_NAME)
     assert best["valid_loss"] == pytest.approx(min(m["loss"] for m in valid))
     spm = (Path(prepared_toy.data.dir) / "spm.model").read_bytes()
     assert bytes(last["spm_model"].tolist()) == spm
@@ -100,8 +99,8 @@ def test_resume_is_bit_identical_even_from_an_older_checkpoint(prepared_toy, tmp
     assert f"resuming from {interrupted / BEST_NAME} at update {best}" in err
     assert result.epoch == 2  # the run crossed into the second epoch
 
-    a = load_checkpoint(straight / checkpoint_name(24))
-    b = load_checkpoint(interrupted / checkpoint_name(24))
+    a = load_state(straight / checkpoint_name(24))
+    b = load_state(interrupted / checkpoint_name(24))
     assert (a["epoch"], a["batch_in_epoch"]) == (b["epoch"], b["batch_in_epoch"])
     for key, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][key]), key
@@ -143,11 +142,11 @@ def test_resume_after_a_kill_between_writing_a_checkpoint_and_stripping_the_one_
     config.write_text(run_config(prepared_toy, killed, max_updates=12, **common).to_yaml())
     child = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_STRIPPING, str(config)], check=False)
     assert child.returncode == -signal.SIGKILL
-    assert all("optimizer" in load_checkpoint(killed / checkpoint_name(u)) for u in (4, 8))
+    assert all("optimizer" in load_state(killed / checkpoint_name(u)) for u in (4, 8))
     train_model(run_config(prepared_toy, killed, max_updates=12, **common))
-    a, b = (load_checkpoint(run / checkpoint_name(12)) for run in (straight, killed))
+    a, b = (load_state(run / checkpoint_name(12)) for run in (straight, killed))
     assert all(torch.equal(tensor, b["model"][key]) for key, tensor in a["model"].items())
-    assert [("optimizer" in load_checkpoint(killed / checkpoint_name(u))) for u in (4, 8, 12)] == [False, False, True]
+    assert [("optimizer" in load_state(killed / checkpoint_name(u))) for u in (4, 8, 12)] == [False, False, True]
 
 
 def test_older_checkpoints_keep_only_what_averaging_and_translation_need(prepared_toy, tmp_path):
@@ -155,9 +154,9 @@ def test_older_checkpoints_keep_only_what_averaging_and_translation_need(prepare
     train_model(run_config(prepared_toy, run, max_updates=6, save_every_updates=2, keep_last=50, validate_every=3))
     paths = list_checkpoints(run)
     assert [p.name for p in paths] == [checkpoint_name(u) for u in (2, 4, 6)]
-    assert [("optimizer" in load_checkpoint(p)) for p in paths] == [False, False, True]
-    assert "optimizer" in load_checkpoint(run / BEST_NAME)
-    older = load_checkpoint(paths[0])
+    assert [("optimizer" in load_state(p)) for p in paths] == [False, False, True]
+    assert "optimizer" in load_state(run / BEST_NAME)
+    older = load_state(paths[0])
     assert older["minutes"] > 0 and older["epoch"] == 1 and older["update"] == 2  # the run's progress stays
     full, stripped = paths[-1].stat().st_size, paths[0].stat().st_size
     assert full > 2.5 * stripped  # Adam's two moments are twice the weights
@@ -219,7 +218,7 @@ def test_validating_on_the_clock_leaves_the_trajectory_alone(prepared_toy, tmp_p
     for fraction in (0.1, 0.0):
         run = tmp_path / str(fraction)
         train_model(run_config(prepared_toy, run, validate_every_fraction=fraction, **common), clock=_ticking(0.5))
-        weights.append(load_checkpoint(run / checkpoint_name(12))["model"])
+        weights.append(load_state(run / checkpoint_name(12))["model"])
         valid = [m for m in metric_records(run) if m["kind"] == "valid"]
         assert (len(valid) > 1) == (fraction > 0)  # without the clock's, the final validation only
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
@@ -231,7 +230,7 @@ def test_a_resumed_timed_run_validates_at_the_marks_after_its_checkpoint(prepare
     common = dict(max_minutes=1, validate_every=1000, save_every_minutes=0, log_every=1000)
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=12, **common), clock=_ticking(0.5))
-    minutes = load_checkpoint(run / checkpoint_name(12))["minutes"]
+    minutes = load_state(run / checkpoint_name(12))["minutes"]
     assert 0.1 < minutes < 0.9
     before = len(metric_records(run))
     train_model(run_config(prepared_toy, run, max_updates=0, **common), clock=_ticking(0.5))
@@ -283,10 +282,10 @@ def test_resume_with_another_world_size_refuses_when_the_position_does_not_carry
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
-    state = load_checkpoint(path)
+    state = load_state(path)
     world_size, state["batch_in_epoch"] = _non_convertible(prepared_toy)
     state["rng"]["world_size"] = world_size
-    save_checkpoint(path, state)
+    save_state(path, state)
     pattern = rf"written by {world_size} processes.*skip or repeat.*--nproc-per-node {world_size}"
     with pytest.raises(TrainError, match=pattern):
         train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
@@ -300,12 +299,12 @@ def test_resume_with_another_world_size_converts_the_position_when_it_carries_ov
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
-    state = load_checkpoint(path)
+    state = load_state(path)
     state["batch_in_epoch"], state["rng"]["world_size"] = 3, 2
-    save_checkpoint(path, state)
+    save_state(path, state)
     capsys.readouterr()
     train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
-    assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 7
+    assert load_state(run / checkpoint_name(2))["batch_in_epoch"] == 7
     assert "written by 2 processes, this run has 1; dropout masks are reseeded" in capsys.readouterr().err
 
 
@@ -314,7 +313,7 @@ def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_
     """Resumed 3 batches into epoch 1 with another max_tokens or seed: epoch 1 starts over, no sentence skipped."""
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
-    state = load_checkpoint(run / checkpoint_name(3))
+    state = load_state(run / checkpoint_name(3))
     assert (state["batch_in_epoch"], state["batching"][key]) == (3, getattr(prepared_toy.train, key))
     capsys.readouterr()
     train_model(run_config(prepared_toy, run, max_updates=4, validate_every=100, **{key: value}))
@@ -323,11 +322,11 @@ def test_a_batch_order_change_mid_epoch_restarts_the_epoch_and_says_so(prepared_
     assert f"warning: train.{key} was {old}, now {value}: {run / checkpoint_name(3)} was written 3 of" in err
     assert "epoch 1 starts over" in err and "first 3 batches are trained on again" in err
     assert "resume with the old value(s)" in err
-    state = load_checkpoint(run / checkpoint_name(4))
+    state = load_state(run / checkpoint_name(4))
     assert (state["epoch"], state["batch_in_epoch"], state["batching"][key]) == (1, 1, value)
     train_model(run_config(prepared_toy, run, max_updates=5, validate_every=100, **{key: value}))  # the new order holds
     assert "starts over" not in capsys.readouterr().err
-    assert load_checkpoint(run / checkpoint_name(5))["batch_in_epoch"] == 2
+    assert load_state(run / checkpoint_name(5))["batch_in_epoch"] == 2
 
 
 def test_a_batch_order_change_at_the_end_of_an_epoch_goes_on_to_the_next(prepared_toy, tmp_path, capsys):
@@ -335,13 +334,13 @@ def test_a_batch_order_change_at_the_end_of_an_epoch_goes_on_to_the_next(prepare
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
-    state = load_checkpoint(path)
+    state = load_state(path)
     state["batch_in_epoch"] = state["batching"]["batches"]
-    save_checkpoint(path, state)
+    save_state(path, state)
     capsys.readouterr()
     train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100, max_tokens=400))
     assert "starts over" not in capsys.readouterr().err
-    state = load_checkpoint(run / checkpoint_name(2))
+    state = load_state(run / checkpoint_name(2))
     assert (state["epoch"], state["batch_in_epoch"]) == (2, 1)
 
 
@@ -349,12 +348,12 @@ def test_a_checkpoint_without_a_batching_record_resumes_as_before(prepared_toy, 
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100))
     path = run / checkpoint_name(1)
-    state = load_checkpoint(path)
+    state = load_state(path)
     del state["batching"]
-    save_checkpoint(path, state)
+    save_state(path, state)
     train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100, seed=7))
     assert "starts over" not in capsys.readouterr().err
-    assert load_checkpoint(run / checkpoint_name(2))["batch_in_epoch"] == 2
+    assert load_state(run / checkpoint_name(2))["batch_in_epoch"] == 2
 
 
 def test_batching_changes_name_each_key_and_the_data():
@@ -417,7 +416,7 @@ def test_start_and_end_records_say_what_the_run_cost_and_ran_on(prepared_toy, tm
     minutes = [m["minutes"] for m in records if "minutes" in m]
     assert minutes == sorted(minutes) and ends[-1]["minutes"] == minutes[-1] > 0  # one clock, across the resume
     for end in ends:  # each process's clock stops at its final checkpoint, where the next one's goes on
-        assert end["minutes"] == load_checkpoint(run / checkpoint_name(end["update"]))["minutes"]
+        assert end["minutes"] == load_state(run / checkpoint_name(end["update"]))["minutes"]
     assert all("minutes" in m for m in records if m["kind"] == "valid")
 
 
@@ -448,7 +447,7 @@ def test_stopping_inside_the_warmup_warns_on_stderr_and_in_the_metrics(prepared_
 @pytest.mark.parametrize("has_bf16", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(prepared_toy, tmp_path, capsys, monkeypatch, has_bf16):
     """Explicit bf16 where the CPU only emulates it trains (the same numbers) but is told it is slow."""
-    monkeypatch.setattr("transformer_mt.train.metrics.cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr("transformer_mt.train.run_log.cpu_has_bf16", lambda: has_bf16)
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=1, validate_every=100, precision="bf16"))
     warned = [m for m in metric_records(run) if m["kind"] == "warning" and m["reason"] == "emulated_bf16"]
@@ -499,7 +498,7 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     bleus = [m["bleu"] for m in valid]
     assert [m["best_bleu"] for m in valid] == [max(bleus[: i + 1]) for i in range(4)]
     assert len(set(bleus)) > 1  # the scores move, so the choice of the best checkpoint means something
-    best = load_checkpoint(run / BEST_NAME)
+    best = load_state(run / BEST_NAME)
     assert best["update"] == valid[bleus.index(max(bleus))]["update"] and best["valid_bleu"] == max(bleus)
     assert result.best_valid_bleu == max(bleus) and not [m for m in metric_records(run) if m.get("reason") == "warmup"]
     assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
@@ -513,7 +512,7 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     # and decoding leaves training as it was: the model is back in train mode (dropout), no random draw is taken
     plain = tmp_path / "plain"
     train_model(run_config(prepared_toy, plain, **common))
-    a, b = load_checkpoint(run / checkpoint_name(20))["model"], load_checkpoint(plain / checkpoint_name(20))["model"]
+    a, b = load_state(run / checkpoint_name(20))["model"], load_state(plain / checkpoint_name(20))["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -526,10 +525,10 @@ def test_patience_stops_the_run_and_its_count_survives_a_resume(prepared_toy, tm
 
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, **{**common, "max_updates": 6}))  # validations at 2 (the best), 4 and 6
-    assert load_checkpoint(run / checkpoint_name(6))["stale_validations"] == 2
+    assert load_state(run / checkpoint_name(6))["stale_validations"] == 2
     resumed = train_model(run_config(prepared_toy, run, **common))
     assert (resumed.update, resumed.stop_reason) == (8, "patience=3")  # not 12: the count went on from 2
-    assert load_checkpoint(run / BEST_NAME)["update"] == 2
+    assert load_state(run / BEST_NAME)["update"] == 2
     again = train_model(run_config(prepared_toy, run, **common))  # a run patience has stopped stays stopped
     assert (again.update, again.stop_reason) == (8, "patience=3")
 
@@ -576,11 +575,11 @@ def test_resume_refuses_an_averaged_checkpoint_and_passes_over_a_crafted_one(pre
     average_checkpoints([run / checkpoint_name(1)], run / checkpoint_name(2))
     with pytest.raises(TrainError, match=r"checkpoint_u0000002\.pt holds no training state .*averaged checkpoint"):
         train_model(run_config(prepared_toy, run, max_updates=3, validate_every=100))
-    state = load_checkpoint(run / checkpoint_name(1))
+    state = load_state(run / checkpoint_name(1))
     state["config"] = "not a config"
-    save_checkpoint(run / checkpoint_name(2), state)
+    save_state(run / checkpoint_name(2), state)
     train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))  # resumes from update 1
-    assert "skipping" in capsys.readouterr().err and load_checkpoint(run / checkpoint_name(2))["update"] == 2
+    assert "skipping" in capsys.readouterr().err and load_state(run / checkpoint_name(2))["update"] == 2
 
 
 def test_out_of_memory_names_the_batch_and_a_smaller_max_tokens():
@@ -659,7 +658,7 @@ def test_mixed_precision_on_gpu(prepared_toy, tmp_path, precision):
         pytest.skip("this GPU has no bf16")
     run = tmp_path / "run"
     result = train_model(run_config(prepared_toy, run, precision=precision, max_updates=20, validate_every=10))
-    state = load_checkpoint(run / checkpoint_name(20))
+    state = load_state(run / checkpoint_name(20))
     assert result.update == 20 and math.isfinite(result.valid_loss)
     assert bool(state["scaler"]) == (precision == "fp16")
     assert len(state["rng"]["torch_cuda"]) == 1
@@ -695,10 +694,10 @@ def test_linear_schedule_reaches_zero_at_the_budget_and_logs_progress(prepared_t
 def test_the_wall_clock_budget_counts_the_minutes_before_a_resume(prepared_toy, tmp_path):
     run = tmp_path / "run"
     train_model(run_config(prepared_toy, run, max_updates=2, validate_every=100))
-    state = load_checkpoint(run / checkpoint_name(2))
+    state = load_state(run / checkpoint_name(2))
     assert 0 < state["minutes"] < 5
     state["minutes"] = 30.0  # as if this run had already trained for half an hour
-    save_checkpoint(run / checkpoint_name(2), state)
+    save_state(run / checkpoint_name(2), state)
     files = {p.name: p.stat().st_mtime_ns for p in run.glob("checkpoint_*.pt")}
     result = train_model(run_config(prepared_toy, run, max_updates=50, max_minutes=30, validate_every=100))
     assert result.update == 2 and result.stop_reason == "max_minutes=30"  # spent already: not one more update
@@ -729,9 +728,9 @@ def test_a_finished_run_run_again_ends_the_strip_a_kill_cut_short(prepared_toy, 
     cfg = run_config(prepared_toy, run, max_updates=4, save_every_updates=2, keep_last=50, validate_every=100)
     train_model(cfg)
     older, final = run / checkpoint_name(2), run / checkpoint_name(4)
-    state, training = load_checkpoint(older), load_checkpoint(final)
-    save_checkpoint(older, {**state, **{k: training[k] for k in ("optimizer", "rng", "scaler", "batching")}})
+    state, training = load_state(older), load_state(final)
+    save_state(older, {**state, **{k: training[k] for k in ("optimizer", "rng", "scaler", "batching")}})
     mtime = final.stat().st_mtime_ns
     assert train_model(cfg).update == 4
-    assert "optimizer" not in load_checkpoint(older) and "optimizer" in load_checkpoint(final)
+    assert "optimizer" not in load_state(older) and "optimizer" in load_state(final)
     assert final.stat().st_mtime_ns == mtime

@@ -55,7 +55,7 @@ class ParallelDataset:
         cls, data_dir: str | Path, split: str, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]
     ) -> ParallelDataset:
         """A split held in memory: ``(ids, offsets)`` per side, as the files hold them (an epoch's sampled encoding,
-        `transformer_mt.data.sampling`)."""
+        `transformer_mt.data.bpe_dropout`)."""
         ds = cls.__new__(cls)
         ds.data_dir, ds.split = Path(data_dir), split
         (ds._src_ids, ds._src_off), (ds._tgt_ids, ds._tgt_off) = src, tgt

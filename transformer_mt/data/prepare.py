@@ -195,7 +195,7 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
         names, counts = _binarize_split(work, cfg, s, stats[s.name].sentences, dtype, workers)
         stats[s.name] = dataclasses.replace(stats[s.name], **dataclasses.asdict(counts))
         files += names
-    if cfg.bpe.sampling_alpha > 0:  # re-encoded every epoch (data/sampling.py): keep the cleaned training text
+    if cfg.bpe.sampling_alpha > 0:  # re-encoded every epoch (data/bpe_dropout.py): keep the cleaned training text
         for side in ("src", "tgt"):  # through other names: a language may be called src or tgt
             os.replace(work / f"train.{side}.txt", work / f"kept.{side}")
         for side, name in zip(("src", "tgt"), train_text_files(cfg), strict=True):

@@ -5,7 +5,7 @@ train.max_minutes; its progress (0..1) is the larger of the update and the
 wall-clock fraction (`horizon_progress`), which the schedule, the snapshots
 for averaging and the estimate of the time left all read. The wall clock is
 counted across resumes: a checkpoint records the minutes trained before it
-(`Progress.minutes`), and a resumed process goes on from them.
+(`TrainingProgress.minutes`), and a resumed process goes on from them.
 
 The clock is a parameter (``time.monotonic`` in a real run), so a test can
 drive a timed run with a clock of its own.
@@ -23,6 +23,15 @@ from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.schedule import horizon_progress
 
 Clock = Callable[[], float]  # seconds, monotonic
+
+
+def stop_reason(tc: TrainConfig, key: str) -> str:
+    """``key=value`` for the train setting ``key`` that stops the run, as a user sets it (``max_minutes=60``): one
+    spelling in the log line, the end record of metrics.jsonl and `TrainResult`, whatever the value's type."""
+    value = getattr(tc, key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 60.0 from a YAML 60 or a default: the user wrote 60
+    return f"{key}={value}"
 
 
 def horizon_updates(tc: TrainConfig, batches_per_epoch: int) -> int:
@@ -70,7 +79,7 @@ class Budget:
 
     tc: TrainConfig
     horizon: int  # `horizon_updates`
-    minutes_before: float  # trained before this process (the resumed checkpoint's `Progress.minutes`)
+    minutes_before: float  # trained before this process (the resumed checkpoint's `TrainingProgress.minutes`)
     start: float  # the clock when this process started
     clock: Clock = time.monotonic
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)
@@ -125,10 +134,10 @@ class Budget:
         tc = self.tc
         by_time = tc.max_minutes > 0 and (not self.horizon or self.minutes() / tc.max_minutes >= update / self.horizon)
         if by_time:
-            return f"max_minutes={tc.max_minutes:g}"
+            return stop_reason(tc, "max_minutes")
         if tc.max_updates > 0 and self.horizon == tc.max_updates:
-            return f"max_updates={tc.max_updates}"
-        return f"max_epochs={tc.max_epochs}" if tc.max_epochs > 0 else "no bound"
+            return stop_reason(tc, "max_updates")
+        return stop_reason(tc, "max_epochs") if tc.max_epochs > 0 else "no bound"
 
     def time_left(self, update: int) -> str:
         """An estimate of the wall-clock time to the end of the budget, from this run's pace so far."""

@@ -4,7 +4,7 @@ An epoch's batch order is a pure function of the seed, the epoch and what
 `batching_key` records (`epoch_batches`), so a position, (epoch, batches of
 it consumed), is all a checkpoint needs to go on with the same batches. With
 ``bpe.sampling_alpha`` > 0 the epoch's training set itself is re-encoded
-(`transformer_mt.data.sampling`), also from (seed, epoch) alone.
+(`transformer_mt.data.bpe_dropout`), also from (seed, epoch) alone.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class Epochs:
             return self.data.train
         if epoch in self._sampled:
             return self._sampled[epoch]
+        from transformer_mt.data.bpe_dropout import sample_epoch
         from transformer_mt.data.prepare import train_text_files
-        from transformer_mt.data.sampling import sample_epoch
 
         text = tuple(self.data.dir / name for name in train_text_files(self.cfg))
         fixed = self.data.train

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, Progress, TrainingState, check_weights
+from transformer_mt.checkpoint import Checkpoint, CheckpointError, TrainingProgress, TrainingState, check_weights
 from transformer_mt.config import Config, field_differences
 from transformer_mt.data.batching import resume_position
 from transformer_mt.errors import Interrupted, shown
@@ -34,7 +34,7 @@ from transformer_mt.train.schedule import load_optimizer_state
 from transformer_mt.train.step import Stepper, TrainError
 
 
-def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: Epochs) -> Progress | None:
+def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: Epochs) -> TrainingProgress | None:
     """Load the newest readable checkpoint of train.save_dir into ``stepper`` and the RNG; its progress, or None.
 
     The position in the epoch is this rank's, converted to this world size or
@@ -145,7 +145,7 @@ def start_from_weights(cfg: Config, env: DistEnv, stepper: Stepper, data: RunDat
 
 
 def position_in_epoch(
-    cfg: Config, env: DistEnv, data: RunData, epochs: Epochs, path: Path, p: Progress, saved: TrainingState
+    cfg: Config, env: DistEnv, data: RunData, epochs: Epochs, path: Path, p: TrainingProgress, saved: TrainingState
 ) -> int:
     """This rank's position in the epoch's batches: carried over, converted to this world size, or restarted.
 
@@ -178,7 +178,7 @@ def position_in_epoch(
     return position
 
 
-def restart_epoch(env: DistEnv, epochs: Epochs, path: Path, changes: list[str], p: Progress, saved: int) -> int:
+def restart_epoch(env: DistEnv, epochs: Epochs, path: Path, changes: list[str], p: TrainingProgress, saved: int) -> int:
     """The position after the batch order changed mid-epoch: the epoch's start (or its end, if it was done).
 
     The sentences the old order had not reached cannot be cut into new

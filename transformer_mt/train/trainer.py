@@ -6,7 +6,7 @@ lives in ``step.py``; what a run is built from (data, model, optimizer) in
 ``build.py``; its parts in modules named for them: ``resume.py`` (finding,
 checking and restoring a run), ``budget.py`` (progress, horizon, snapshots,
 the clock), ``epochs.py`` (the epoch's batches and the position in it),
-``metrics.py`` (the metric window, log lines and records), ``nonfinite.py``
+``run_log.py`` (the metric window, log lines and records), ``nonfinite.py``
 (skipped updates and divergence) and ``validation.py``.
 
 Everything that decides the trajectory lives in the checkpoint (weights,
@@ -26,23 +26,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, Progress, TrainingState, write_checkpoint
+from transformer_mt.checkpoint import Checkpoint, TrainingProgress, TrainingState, write_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.cpus import use_threads
 from transformer_mt.data.dataset import Batch
 from transformer_mt.malloc import release_free_memory
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
-from transformer_mt.train.budget import Budget, Clock, horizon_updates
+from transformer_mt.train.budget import Budget, Clock, horizon_updates, stop_reason
 from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.distributed import DistEnv, barrier, cleanup, peer_ended, setup
 from transformer_mt.train.epochs import Epochs
-from transformer_mt.train.metrics import RunLog, Window, final_warnings
 from transformer_mt.train.nonfinite import NonfinitePolicy
 from transformer_mt.train.prefetch import prefetched
 from transformer_mt.train.resume import interrupted, resume, start_from_weights
 from transformer_mt.train.run_checkpoints import prune_checkpoints, strip_older_checkpoints
 from transformer_mt.train.run_files import RunFiles, rng_state
 from transformer_mt.train.run_lock import hold_run_dir
+from transformer_mt.train.run_log import RunLog, Window, final_warnings
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import UpdateStats, accumulate_gradients, apply_gradients
 from transformer_mt.train.validation import ValidBleu, record_validation, validate
@@ -80,7 +80,7 @@ class Trainer:
         resumed = resume(cfg, env, self.stepper, self.data, self.epochs)
         if tc.init_from:
             start_from_weights(cfg, env, self.stepper, self.data, None if resumed is None else resumed.update)
-        p = self.progress = resumed or Progress()  # where the run is: saved in every checkpoint
+        p = self.progress = resumed or TrainingProgress()  # where the run is: saved in every checkpoint
         self.last_save_update = p.update if resumed else -1
         self.last_save_minutes = p.minutes  # the run's clock in the last periodic checkpoint, where a resume goes on
         horizon = horizon_updates(tc, len(self.epochs.batches(p.epoch)))
@@ -115,7 +115,7 @@ class Trainer:
                 if self.stop_reason:
                     break
             else:
-                self.stop_reason = self.stop_reason or f"max_epochs={tc.max_epochs}"  # every group of the last epoch
+                self.stop_reason = self.stop_reason or stop_reason(tc, "max_epochs")  # every group of the last epoch
         bar.close()
         return self._finish()
 
@@ -123,11 +123,11 @@ class Trainer:
         """Why a resumed run has nothing left to train, as a user would set it; "" when it has."""
         p, tc = self.progress, self.cfg.train
         if tc.max_updates > 0 and p.update >= tc.max_updates:
-            return f"max_updates={tc.max_updates}"
+            return stop_reason(tc, "max_updates")
         if p.update > 0 and tc.max_minutes > 0 and p.minutes >= tc.max_minutes:
-            return f"max_minutes={tc.max_minutes}"  # spent before this process: no update at lr 0
+            return stop_reason(tc, "max_minutes")  # spent before this process: no update at lr 0
         if tc.patience > 0 and p.stale_validations >= tc.patience:  # resumed after patience had stopped it
-            return f"patience={tc.patience}"
+            return stop_reason(tc, "patience")
         return ""
 
     def _update(self, batches: list[Batch | None]) -> UpdateStats:
@@ -182,9 +182,9 @@ class Trainer:
             self._settle()  # the count may include updates the device skipped, unseen by the host so far
             at_limit = p.update >= tc.max_updates
         if at_limit:
-            self.stop_reason = f"max_updates={tc.max_updates}"
+            self.stop_reason = stop_reason(tc, "max_updates")
         elif clock.stop:
-            self.stop_reason = f"max_minutes={tc.max_minutes}"
+            self.stop_reason = stop_reason(tc, "max_minutes")
 
     def _settle(self) -> None:
         """Read the device's figures of the updates since the last metric line, and uncount those it skipped.
@@ -242,7 +242,7 @@ class Trainer:
         if improved:
             self._save(best=True)
         if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:
-            self.stop_reason = f"patience={tc.patience}"  # run() stops after this update
+            self.stop_reason = stop_reason(tc, "patience")  # run() stops after this update
         self.last_valid_nll = nll
         return loss, nll
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer_mt.checkpoint import Progress
+from transformer_mt.checkpoint import TrainingProgress
 from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_batches
 from transformer_mt.data.bpe import load_bpe
@@ -64,7 +64,9 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
     return None
 
 
-def record_validation(p: Progress, loss: float, nll: float, bleu: dict[str, Any] | None, best_metric: str) -> bool:
+def record_validation(
+    p: TrainingProgress, loss: float, nll: float, bleu: dict[str, Any] | None, best_metric: str
+) -> bool:
     """Note a validation in ``p`` (last and best figures, patience count); whether it is a new best ``best_metric``."""
     p.valid_loss, p.valid_update = loss, p.update
     p.valid_history = [*p.valid_history, [p.update, nll]][-VALID_HISTORY:]

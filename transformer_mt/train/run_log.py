@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Progress
+from transformer_mt.checkpoint import TrainingProgress
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.model.transformer import count_parameters, flops_per_token
 from transformer_mt.runs import EndRecord, TrainRecord, ValidRecord, WarningRecord
@@ -126,7 +126,7 @@ class RunLog:
                 "here, several times slower than fp32; train.precision=auto trains in fp32 on this CPU"
             ))  # fmt: skip
 
-    def show(self, window: Window, bar: tqdm, log: bool, p: Progress, lr: float, budget: Budget) -> None:
+    def show(self, window: Window, bar: tqdm, log: bool, p: TrainingProgress, lr: float, budget: Budget) -> None:
         """The progress bar's figures, and at a log line the `train` record and line (rank 0)."""
         tokens = max(float(window.tokens), 1.0)
         seconds = max(time.monotonic() - window.start, 1e-9)
@@ -138,7 +138,7 @@ class RunLog:
         if log:
             self.train(window, seconds, p, lr, budget)
 
-    def train(self, window: Window, seconds: float, p: Progress, lr: float, budget: Budget) -> None:
+    def train(self, window: Window, seconds: float, p: TrainingProgress, lr: float, budget: Budget) -> None:
         """The `train` record of the window (and, without a bar, its line on stderr)."""
         assert self.files is not None
         tokens, updates = max(window.tokens, 1.0), max(window.updates, 1)
@@ -163,7 +163,7 @@ class RunLog:
                 file=sys.stderr,
             )
 
-    def valid(self, p: Progress, loss: float, nll: float, bleu: dict[str, Any] | None, minutes: float) -> None:
+    def valid(self, p: TrainingProgress, loss: float, nll: float, bleu: dict[str, Any] | None, minutes: float) -> None:
         """A ``valid`` record in metrics.jsonl and a line on stderr (rank 0)."""
         assert self.files is not None
         tc = self.cfg.train
@@ -188,7 +188,7 @@ class RunLog:
         tqdm.write(f"warning: {message}", file=sys.stderr)
         self.files.log(WarningRecord(update=update, reason=reason, message=message))
 
-    def done(self, p: Progress, stop_reason: str, minutes: float, warnings: list[tuple[str, str]]) -> None:
+    def done(self, p: TrainingProgress, stop_reason: str, minutes: float, warnings: list[tuple[str, str]]) -> None:
         """The run's last line, its warnings and its ``end`` record; closes the files (rank 0)."""
         assert self.files is not None
         bleu = f", valid bleu {p.valid_bleu:.2f} (best {p.best_valid_bleu:.2f})" if p.valid_bleu is not None else ""
@@ -211,7 +211,7 @@ class RunLog:
         return f"torch.compile: {graphs} graph(s) compiled ({max(graphs - 1, 0)} recompilation(s); {shapes})"
 
 
-def final_warnings(tc: TrainConfig, p: Progress, schedule: Schedule, progress: float) -> list[tuple[str, str]]:
+def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float) -> list[tuple[str, str]]:
     """(reason, message) for each way a run ends badly trained: inside its warmup, or far from converged.
 
     ``progress`` is the run's (0..1) at its end (`Budget.progress`).

@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import metric_records
+from helpers import load_state, metric_records
 
-from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import Config, ConfigError, load_config
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.bpe_dropout import BpeDropout, chunk_seed, sample_epoch
 from transformer_mt.data.prepare import is_prepared, load_manifest, prepare_data, prepare_hash, train_text_files
-from transformer_mt.data.sampling import BpeDropout, chunk_seed, sample_epoch
 from transformer_mt.run_names import checkpoint_name
 from transformer_mt.train.build import load_run_data
 from transformer_mt.train.distributed import DistEnv
@@ -132,10 +131,10 @@ def test_epochs_differ_repeat_for_the_same_seed_and_decode_to_the_same_text(samp
 
 
 def test_worker_processes_give_the_same_epoch(sampled_toy, monkeypatch):
-    from transformer_mt.data import binarize, sampling
+    from transformer_mt.data import binarize, bpe_dropout
 
     monkeypatch.setattr(binarize, "CHUNK_PAIRS", 300)  # 7 chunks of the 2000 pairs, cut in this process
-    monkeypatch.setattr(sampling, "PARALLEL_PAIRS", 0)
+    monkeypatch.setattr(bpe_dropout, "PARALLEL_PAIRS", 0)
     args = (sampled_toy.data.dir, _text(sampled_toy), ALPHA, 1, 3, np.uint16)
     serial = sample_epoch(*args).dataset
     parallel = sample_epoch(*args, workers=2, pairs=2000).dataset
@@ -171,7 +170,7 @@ def test_the_dropout_rule_is_sentencepiece_s(sampled_toy):
 def test_the_draws_are_the_same_in_another_process(sampled_toy):
     """What a resumed run needs, and what sentencepiece's own sampling does not give (its seed holds per process)."""
     code = (
-        "import sys, numpy as np; from pathlib import Path; from transformer_mt.data.sampling import sample_epoch; "
+        "import sys, numpy as np; from pathlib import Path; from transformer_mt.data.bpe_dropout import sample_epoch; "
         "d = sys.argv[1]; ds = sample_epoch(d, (Path(sys.argv[2]), Path(sys.argv[3])), 0.1, 1, 2, np.uint16).dataset; "
         "sys.stdout.write(ds._src_ids.tobytes().hex() + ' ' + ds._tgt_ids.tobytes().hex())"
     )
@@ -223,8 +222,8 @@ def test_resume_with_sampling_is_bit_identical(sampled_toy, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "resuming from" in err and "training text re-encoded with BPE-dropout 0.1" in err
     assert result.epoch >= 2
-    a = load_checkpoint(straight / checkpoint_name(16))
-    b = load_checkpoint(interrupted / checkpoint_name(16))
+    a = load_state(straight / checkpoint_name(16))
+    b = load_state(interrupted / checkpoint_name(16))
     assert (a["epoch"], a["batch_in_epoch"]) == (b["epoch"], b["batch_in_epoch"])
     for key, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][key]), key
