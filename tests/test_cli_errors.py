@@ -101,7 +101,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.fixture(scope="module")
 def ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight checkpoint on the toy vocabulary, with short outputs: decoding it takes a moment."""
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3, beam_size=2)
     path = tmp_path_factory.mktemp("cli") / "ckpt.pt"

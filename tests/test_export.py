@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_decode_translate import write_checkpoint
+from helpers import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
