@@ -12,7 +12,10 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 
 from transformer_mt.checkpoint import save_checkpoint
-from transformer_mt.config import Config, ModelConfig
+from transformer_mt.config import Config, ModelConfig, load_config
 from transformer_mt.data.bpe import BOS, EOS, PAD, load_bpe
 from transformer_mt.decode.search import Hypothesis, length_penalty
 from transformer_mt.model.transformer import Transformer
@@ -247,3 +250,47 @@ def real_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
         src[i, :n] = torch.randint(4, 24, (n,), generator=g)
         src[i, n] = EOS
     return src
+
+
+# --- `tmt` in a new process and its one-line user error; a config for `tmt prepare` -------------------------------
+
+
+def tmt(*args: str, close_stdin: bool = False, **kwargs: object) -> subprocess.CompletedProcess:
+    """``tmt ARGS`` in a new process, stdin empty (or closed, as `<&-` leaves it): what a user sees."""
+    return subprocess.run(
+        [sys.executable, "-m", "transformer_mt", *args],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.close(0)) if close_stdin else None,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Exit 2, and stderr ends with one line `error: ...` holding every fragment (after any progress); returns it."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], done.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1]
+    return lines[-1]
+
+
+def prepare_config(root: Path, *extra: str) -> Config:
+    """A config for `tmt prepare` of the corpus under ``root``/c (train, valid, test) into ``root``/out, BPE 120."""
+    return load_config(
+        None,
+        [
+            f"data.train={root}/c/train",
+            f"data.valid={root}/c/valid",
+            f"data.test={root}/c/test",
+            f"data.dir={root}/out",
+            "data.workers=1",
+            "data.max_len=30",
+            "bpe.vocab_size=120",
+            *extra,
+        ],
+    )

@@ -151,7 +151,7 @@ def test_resume_loads_or_refuses(mutation: str, tiny_run: tuple[Config, Path], t
 def test_tmt_translate_names_the_file_and_the_entry(
     mutation: str, fragment: str, tiny_run: tuple[Config, Path], tmp_path: Path
 ) -> None:
-    from test_cli_errors import assert_user_error, tmt
+    from helpers import assert_user_error, tmt
 
     path = _crafted(tiny_run[1], tmp_path / "crafted", MUTATIONS[mutation])
     source, out = tmp_path / "in.en", tmp_path / "out.de"

@@ -7,7 +7,6 @@ what reaches the terminal is checked whole; a bug keeps its traceback.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_user_error, tmt
 from typer.testing import CliRunner
 
 from transformer_mt import attention_maps, checkpoint, config, evaluate, export, plots, runs
@@ -27,30 +27,6 @@ from transformer_mt.errors import UserError
 from transformer_mt.model import positions, quantize
 from transformer_mt.train import average, distributed, step
 from transformer_mt.train.trainer import train_model
-
-
-def tmt(*args: str, close_stdin: bool = False, **kwargs: object) -> subprocess.CompletedProcess:
-    """``tmt ARGS`` in a new process, stdin empty (or closed, as `<&-` leaves it): what a user sees."""
-    return subprocess.run(
-        [sys.executable, "-m", "transformer_mt", *args],
-        stdin=subprocess.DEVNULL,
-        preexec_fn=(lambda: os.close(0)) if close_stdin else None,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        **kwargs,
-    )
-
-
-def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Exit 2, and stderr ends with one line `error: ...` holding every fragment (after any progress); returns it."""
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], done.stderr
-    for fragment in fragments:
-        assert fragment in lines[-1]
-    return lines[-1]
 
 
 @pytest.mark.parametrize(
