@@ -182,6 +182,7 @@ def test_ctrl_c_in_interactive_translation_exits_130_quietly(ckpt: Path) -> None
     ],
     ids=lambda c: " ".join(c[:2]),
 )
+@pytest.mark.slow
 def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt: Path, tmp_path: Path) -> None:
     """-o below a regular file: refused before any work, one line, exit 2, nothing written."""
     below = tmp_path / "a_file"
@@ -207,6 +208,7 @@ def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt
     ],
     ids=lambda c: c[0],
 )
+@pytest.mark.slow
 def test_a_directory_wanted_where_a_file_is_names_that_file(command: list[str], toy_run: Path, tmp_path: Path) -> None:
     """report, plot and attention make their output's directory: below a regular file, the message names the file
     (before: the system's bare "File exists")."""

@@ -235,6 +235,7 @@ def test_evaluate_cli_on_newstest2014_lines(toy_ckpt: Path, tmp_path: Path) -> N
     assert "sacreBLEU" in result.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_named_testset_from_prefilled_cache(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path) -> None:
     src = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:3]
     ref = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:3]

@@ -161,6 +161,7 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(
 
 
 @needs_ct2
+@pytest.mark.slow
 def test_int8_export_stores_smaller_weights_and_translates(
     toy_checkpoint: Path, toy_lines: list[str], tmp_path: Path
 ) -> None:

@@ -134,6 +134,7 @@ def compare(checkpoint: Path, out: Path, lines: list[str]) -> tuple[float, list[
     return diff, tmt_out, hf_out, ended
 
 
+@pytest.mark.slow
 def test_the_toy_model_gives_tmts_logits_and_translations(
     toy_trained_checkpoint: Path, prepared_toy: Config, tmp_path: Path
 ) -> None:
