@@ -70,7 +70,7 @@ def toy_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> 
     tokens), so that decoding it takes a moment. Session-scoped: treat it as read-only."""
     import dataclasses
 
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3)
     path = tmp_path_factory.mktemp("toy_ckpt") / "ckpt.pt"

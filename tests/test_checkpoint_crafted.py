@@ -114,6 +114,7 @@ def _works_or_user_error(load: Callable[[], object]) -> None:
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
+@pytest.mark.slow
 def test_translate_and_average_load_or_refuse(mutation: str, tiny_run: tuple[Config, Path], tmp_path: Path) -> None:
     path = _crafted(tiny_run[1], tmp_path, MUTATIONS[mutation])
     _works_or_user_error(lambda: read_checkpoint(path))
@@ -132,6 +133,7 @@ def test_resume_refuses_a_position_past_the_epoch(tiny_run: tuple[Config, Path],
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
+@pytest.mark.slow
 def test_resume_loads_or_refuses(mutation: str, tiny_run: tuple[Config, Path], tmp_path: Path) -> None:
     cfg, source = tiny_run
     run = tmp_path / "run"
@@ -149,10 +151,11 @@ def test_resume_loads_or_refuses(mutation: str, tiny_run: tuple[Config, Path], t
         ("spm_model garbage", "the 'spm_model' entry is not a sentencepiece model"),
     ],
 )
+@pytest.mark.slow
 def test_tmt_translate_names_the_file_and_the_entry(
     mutation: str, fragment: str, tiny_run: tuple[Config, Path], tmp_path: Path
 ) -> None:
-    from test_cli_errors import assert_user_error, tmt
+    from helpers import assert_user_error, tmt
 
     path = _crafted(tiny_run[1], tmp_path / "crafted", MUTATIONS[mutation])
     source, out = tmp_path / "in.en", tmp_path / "out.de"

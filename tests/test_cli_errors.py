@@ -7,7 +7,6 @@ what reaches the terminal is checked whole; a bug keeps its traceback.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_user_error, tmt
 from typer.testing import CliRunner
 
 from transformer_mt import attention_maps, checkpoint, config, evaluate, export, plots, runs
@@ -27,30 +27,6 @@ from transformer_mt.errors import UserError
 from transformer_mt.model import positions, quantize
 from transformer_mt.train import average, distributed, step
 from transformer_mt.train.trainer import train_model
-
-
-def tmt(*args: str, close_stdin: bool = False, **kwargs: object) -> subprocess.CompletedProcess:
-    """``tmt ARGS`` in a new process, stdin empty (or closed, as `<&-` leaves it): what a user sees."""
-    return subprocess.run(
-        [sys.executable, "-m", "transformer_mt", *args],
-        stdin=subprocess.DEVNULL,
-        preexec_fn=(lambda: os.close(0)) if close_stdin else None,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        **kwargs,
-    )
-
-
-def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Exit 2, and stderr ends with one line `error: ...` holding every fragment (after any progress); returns it."""
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], done.stderr
-    for fragment in fragments:
-        assert fragment in lines[-1]
-    return lines[-1]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +77,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.fixture(scope="module")
 def ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight checkpoint on the toy vocabulary, with short outputs: decoding it takes a moment."""
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     decode = dataclasses.replace(prepared_toy.decode, max_len_a=0.5, max_len_b=3, beam_size=2)
     path = tmp_path_factory.mktemp("cli") / "ckpt.pt"
@@ -206,6 +182,7 @@ def test_ctrl_c_in_interactive_translation_exits_130_quietly(ckpt: Path) -> None
     ],
     ids=lambda c: " ".join(c[:2]),
 )
+@pytest.mark.slow
 def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt: Path, tmp_path: Path) -> None:
     """-o below a regular file: refused before any work, one line, exit 2, nothing written."""
     below = tmp_path / "a_file"
@@ -231,6 +208,7 @@ def test_an_output_below_a_regular_file_is_one_line(command: list[str], toy_ckpt
     ],
     ids=lambda c: c[0],
 )
+@pytest.mark.slow
 def test_a_directory_wanted_where_a_file_is_names_that_file(command: list[str], toy_run: Path, tmp_path: Path) -> None:
     """report, plot and attention make their output's directory: below a regular file, the message names the file
     (before: the system's bare "File exists")."""

@@ -167,6 +167,7 @@ def test_the_dropout_rule_is_sentencepiece_s(sampled_toy):
     assert ours > 1.1 * fixed and ours == pytest.approx(theirs, rel=0.01)
 
 
+@pytest.mark.slow
 def test_the_draws_are_the_same_in_another_process(sampled_toy):
     """What a resumed run needs, and what sentencepiece's own sampling does not give (its seed holds per process)."""
     code = (

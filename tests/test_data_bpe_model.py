@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
-from test_data_prepare import _config
+from helpers import prepare_config as _config
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.data.bpe import UNK, BpeError, load_bpe, write_vocab

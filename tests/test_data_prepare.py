@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import prepare_config as _config
 
-from transformer_mt.config import Config, load_config
 from transformer_mt.data import binarize
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import EMPTY, RATIO, TOO_LONG, normalize
@@ -19,22 +19,6 @@ from transformer_mt.data.manifest import Manifest
 from transformer_mt.data.prepare import MANIFEST, PrepareError, Reservoir, is_prepared, load_manifest, prepare_data
 from transformer_mt.data.synthetic import write_corpus
 from transformer_mt.errors import UserError
-
-
-def _config(root: Path, *extra: str) -> Config:
-    return load_config(
-        None,
-        [
-            f"data.train={root}/c/train",
-            f"data.valid={root}/c/valid",
-            f"data.test={root}/c/test",
-            f"data.dir={root}/out",
-            "data.workers=1",
-            "data.max_len=30",
-            "bpe.vocab_size=120",
-            *extra,
-        ],
-    )
 
 
 def _write(root: Path, split: str, en: list[str] | bytes, de: list[str] | bytes) -> None:

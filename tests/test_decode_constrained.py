@@ -12,8 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import Result
-from helpers import tiny_transformer
-from test_decode_search import B_, A, FakeModel, Table, fake_src, hand_table, hyp_tuples, never_ending, random_table
+from helpers import (
+    B_,
+    A,
+    FakeModel,
+    Table,
+    fake_src,
+    hand_table,
+    hyp_tuples,
+    never_ending,
+    random_table,
+    tiny_transformer,
+)
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app

@@ -66,6 +66,7 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["beam4", "greedy", "ngram-fairseq", "k_finished-short"])
+@pytest.mark.slow
 def test_sentences_joining_a_running_search_get_their_search_alone(model: Transformer, settings: dict) -> None:
     srcs = sources(12, seed=1)
     arrivals = {0: [0, 1], 1: [2], 3: [3, 4, 5], 4: [6], 9: [7], 10: [8, 9], 17: [10], 30: [11]}

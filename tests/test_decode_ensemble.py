@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from test_decode_search import B_, A, FakeModel, Table, hyp_tuples, random_table, real_src, reference_beam
+from helpers import B_, A, FakeModel, Table, hyp_tuples, random_table, real_src, reference_beam
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD

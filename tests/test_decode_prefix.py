@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_decode_search import B_, A, FakeModel, exhaustive, fake_src, hyp_tuples, probs, random_table, real_src
+from helpers import B_, A, FakeModel, exhaustive, fake_src, hyp_tuples, probs, random_table, real_src
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app

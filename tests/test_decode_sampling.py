@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_transformer
-from test_decode_search import B_, A, FakeModel, fake_src, probs, real_src
+from helpers import B_, A, FakeModel, fake_src, probs, real_src, tiny_transformer
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app

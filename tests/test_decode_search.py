@@ -9,20 +9,30 @@ when one finishes changes the probabilities and fails the tests.
 
 from __future__ import annotations
 
-import itertools
 import math
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import tiny_transformer
+from helpers import (
+    B_,
+    A,
+    FakeModel,
+    Table,
+    exhaustive,
+    fake_src,
+    hand_table,
+    hyp_tuples,
+    never_ending,
+    probs,
+    random_table,
+    real_src,
+    reference_beam,
+    tiny_transformer,
+)
 
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode import search
 from transformer_mt.decode.search import (
-    Hypothesis,
     Prefixes,
     StepRules,
     beam_search,
@@ -36,94 +46,6 @@ from transformer_mt.decode.settings import SearchSettings, length_penalty, max_o
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-A, B_ = 4, 5  # the two "word" tokens of the fake vocabulary
-V = 6  # PAD, UNK, BOS, EOS, A, B_
-
-Table = Callable[[int, tuple[int, ...]], list[float]]  # (sentence, prefix) -> probabilities over V
-
-
-@dataclass
-class FakeEnc:
-    sent: torch.Tensor  # (B,) sentence id of each row
-
-    def reorder(self, index: torch.Tensor) -> FakeEnc:
-        return FakeEnc(self.sent.index_select(0, index))
-
-
-@dataclass
-class FakeCache:
-    sent: torch.Tensor  # (n,) the "cross-attention state", one row per sentence: which sentence it is
-    prefix: torch.Tensor  # (n*k, T) the "self-attention state": target tokens fed so far, one row per beam
-    beams: int
-
-    @property
-    def length(self) -> int:
-        return self.prefix.shape[1]
-
-    def reorder(
-        self, index: torch.Tensor, sentences: torch.Tensor | None = None, beams: int | None = None
-    ) -> FakeCache:
-        kept = torch.arange(self.sent.shape[0]) if sentences is None else sentences
-        wider = self.beams if beams is None else beams
-        assert torch.equal(index // self.beams, kept.repeat_interleave(wider)), "a beam left its sentence"
-        self.beams = wider
-        self.prefix = self.prefix.index_select(0, index)
-        if sentences is not None:
-            self.sent = self.sent.index_select(0, sentences)
-        return self
-
-
-class FakeModel:
-    """A decoder whose probabilities are looked up in ``table(sentence, prefix)``; the sentence id is src[:, 0]."""
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-        self.decode_calls = 0
-
-    def encode(self, src: torch.Tensor) -> FakeEnc:
-        return FakeEnc(src[:, 0].clone())
-
-    def init_cache(self, enc: FakeEnc, beams: int = 1, capacity: int = 16) -> FakeCache:
-        return FakeCache(enc.sent.clone(), torch.zeros(enc.sent.shape[0] * beams, 0, dtype=torch.long), beams)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return x  # decode_features looked the log-probabilities up already
-
-    def decode_features(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
-        return self.decode(tgt_in, enc, cache)
-
-    def decode(self, tgt_in: torch.Tensor, enc: FakeEnc, cache: FakeCache | None = None) -> torch.Tensor:
-        self.decode_calls += 1
-        if cache is None:
-            sent, full = enc.sent, tgt_in
-        else:
-            # as Transformer.decode: with a cache the encoder output is not read (the search no longer reorders it)
-            cache.prefix = torch.cat([cache.prefix, tgt_in], dim=1)
-            sent, full = cache.sent.repeat_interleave(cache.beams), cache.prefix
-        assert bool((full[:, 0] == BOS).all())
-        out = torch.empty(full.shape[0], tgt_in.shape[1], V)
-        T = full.shape[1]
-        for r in range(full.shape[0]):
-            for j in range(tgt_in.shape[1]):
-                prefix = tuple(full[r, 1 : T - tgt_in.shape[1] + j + 1].tolist())
-                probs = torch.tensor(self.table(int(sent[r]), prefix), dtype=torch.float64)
-                out[r, j] = probs.log().float()  # log(0) = -inf: impossible tokens
-        return out
-
-
-def probs(eos: float = 0.0, a: float = 0.0, b: float = 0.0, unk: float = 0.0) -> list[float]:
-    return [0.0, unk, 0.0, eos, a, b]
-
-
-def fake_src(sentence_ids: list[int], src_len: int) -> torch.Tensor:
-    rows = [[s + 10] + [7] * (src_len - 1) + [EOS] for s in sentence_ids]
-    return torch.tensor(rows)
-
-
-def hyp_tuples(hyps: list[Hypothesis]) -> list[tuple[int, ...]]:
-    return [tuple(h.tokens) for h in hyps]
 
 
 # --- length penalty and maximum length: the formulas ---------------------------------------------------------------
@@ -153,16 +75,6 @@ def test_max_output_lengths_formula_and_cap() -> None:
 
 
 # --- exact hypotheses on a hand-set decoder ---------------------------------------------------------------------------
-
-
-def hand_table(s: int, prefix: tuple[int, ...]) -> list[float]:
-    """P(a)=.6, P(b)=.4; after a: EOS .4 a .5 b .1; after b: EOS .8 a .1 b .1; after aa: EOS 1; otherwise EOS .5."""
-    return {
-        (): probs(a=0.6, b=0.4),
-        (A,): probs(eos=0.4, a=0.5, b=0.1),
-        (B_,): probs(eos=0.8, a=0.1, b=0.1),
-        (A, A): probs(eos=1.0),
-    }.get(prefix, probs(eos=0.5, a=0.25, b=0.25))
 
 
 def test_beam2_hand_computed_hypotheses_and_scores() -> None:
@@ -274,10 +186,6 @@ def test_early_stop_bound_uses_max_length_penalty() -> None:
 # --- maximum length ---------------------------------------------------------------------------------------------------
 
 
-def never_ending(s: int, prefix: tuple[int, ...]) -> list[float]:
-    return probs(eos=1e-6, a=0.6, b=0.4 - 1e-6)
-
-
 @pytest.mark.parametrize("beam", [1, 3])
 def test_max_length_forces_eos(beam: int) -> None:
     src = fake_src([0, 1, 2], src_len=3)
@@ -306,30 +214,6 @@ def test_max_positions_caps_length() -> None:
 # --- against exhaustive search and against a plain reference beam ----------------------------------------------------
 
 
-def random_table(seed: int, unk: bool = False, eos_bias: float = 0.0) -> Table:
-    def table(s: int, prefix: tuple[int, ...]) -> list[float]:
-        rng = random.Random(f"{seed}/{s}/{prefix}")
-        w = [rng.random() + 0.05 for _ in range(4)]
-        w[0] += eos_bias
-        return probs(eos=w[0], a=w[1], b=w[2], unk=w[3] if unk else 0.0)
-
-    return table
-
-
-def exhaustive(table: Table, s: int, max_len: int, alpha: float, form: str) -> list[tuple[float, tuple[int, ...]]]:
-    """Every hypothesis of up to max_len words (a, b) then EOS, with its normalized score, best first."""
-    out = []
-    for n in range(max_len + 1):
-        for words in itertools.product([A, B_], repeat=n):
-            lp = 0.0
-            for t in range(n + 1):
-                p = table(s, words[:t])
-                tok = words[t] if t < n else EOS
-                lp += math.log(p[tok] / sum(p))
-            out.append((lp / length_penalty(float(n + 1), alpha, form), words))  # type: ignore[arg-type]
-    return sorted(out, key=lambda x: -x[0])
-
-
 @pytest.mark.parametrize("form,alpha", [("gnmt", 0.6), ("gnmt", 0.0), ("fairseq", 1.0), ("gnmt", 2.0)])
 def test_wide_beam_equals_exhaustive_search(form: str, alpha: float) -> None:
     """Beam 12 over words {a, b} with max length 3 keeps every prefix (at most 12 candidates per step), so its
@@ -347,37 +231,6 @@ def test_wide_beam_equals_exhaustive_search(form: str, alpha: float) -> None:
         expected = exhaustive(tables[s], s, 3, alpha, form)[:12]
         assert hyp_tuples(hyps) == [w for _, w in expected]
         assert [h.score for h in hyps] == pytest.approx([sc for sc, _ in expected], abs=1e-5)
-
-
-def reference_beam(table: Table, s: int, k: int, alpha: float, max_len: int) -> list[Hypothesis]:
-    """The documented search for one sentence, written plainly with Python lists (gnmt penalty)."""
-
-    def lp(n: float) -> float:
-        return ((5 + n) / 6) ** alpha
-
-    live: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]
-    finished: list[Hypothesis] = []
-    for step in range(max_len + 1):
-        cands = []
-        for score, prefix in live:
-            p = table(s, prefix)
-            for tok in range(len(p)):
-                if tok in (PAD, BOS) or p[tok] == 0 or (step == max_len and tok != EOS):
-                    continue
-                cands.append((score + math.log(p[tok] / sum(p)), prefix, tok))
-        cands.sort(key=lambda c: -c[0])
-        cands = cands[: 2 * k]
-        for score, prefix, tok in cands[:k]:
-            if tok == EOS:
-                finished.append(Hypothesis(list(prefix), score / lp(step + 1), score))
-        finished = sorted(finished, key=lambda h: -h.score)[:k]
-        live = [(score, prefix + (tok,)) for score, prefix, tok in cands if tok != EOS][:k]
-        if not live:
-            break
-        bound = live[0][0] / max(lp(step + 2), lp(max_len + 1))
-        if len(finished) == k and (k == 1 or bound < finished[-1].score):
-            break
-    return finished
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -428,15 +281,6 @@ def test_nbest_is_prefix_of_wider_nbest_and_validates() -> None:
 @pytest.fixture(scope="module")
 def tiny_model() -> Transformer:
     return tiny_transformer(6.0, eos_scale=0.5)  # sharper distributions than at init, so hypotheses differ and end
-
-
-def real_src(lengths: list[int], seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths) + 1), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(4, 24, (n,), generator=g)
-        src[i, n] = EOS
-    return src
 
 
 def test_real_cached_equals_uncached(tiny_model: Transformer) -> None:

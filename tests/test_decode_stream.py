@@ -69,6 +69,7 @@ def child_env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_buffer_lines_1_answers_each_line_before_the_next_is_sent(
     toy_ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
 ) -> None:
@@ -94,6 +95,7 @@ def test_buffer_lines_1_answers_each_line_before_the_next_is_sent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as stdin")
+@pytest.mark.slow
 def test_a_terminal_gets_each_line_translated_as_it_is_typed(
     toy_ckpt: Path, lines: list[str], expected: list[str], tmp_path: Path
 ) -> None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import typer
-from helpers import load_state, save_state
+from helpers import load_state, save_state, write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config
-from transformer_mt.data.bpe import EOS, load_bpe
 from transformer_mt.decode.ensemble import Ensemble
 from transformer_mt.decode.load import LoadError, decode_flags, override_config
 from transformer_mt.decode.translate import (
@@ -33,28 +31,6 @@ from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def write_checkpoint(
-    cfg: Config, path: Path, seed: int, with_spm: bool = True, silent: bool = False
-) -> dict[str, torch.Tensor]:
-    """A random-weight checkpoint; ``silent``: one whose every translation is empty (EOS first, always)."""
-    spm_path = Path(cfg.data.dir) / "spm.model"
-    vocab = load_bpe(spm_path).get_piece_size()
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, vocab)
-    with torch.no_grad():
-        model.embed.weight.mul_(8.0)  # peaky distributions: outputs differ by sentence and end before max length
-        if silent:  # the decoder's last LayerNorm outputs a constant that points at EOS, the longest embedding
-            model.embed.weight[EOS] *= 2 * model.embed.weight.norm(dim=1).max() / model.embed.weight[EOS].norm()
-            last = model.decoder_norm or model.decoder[-1].norm3  # the stack's last LayerNorm (pre- or post-norm)
-            last.weight.zero_()
-            last.bias.copy_(model.embed.weight[EOS])
-    state = {"model": model.state_dict(), "config": cfg.to_dict(), "update": seed}
-    if with_spm:
-        state["spm_model"] = torch.from_numpy(np.frombuffer(spm_path.read_bytes(), dtype=np.uint8).copy())
-    save_state(path, state)
-    return model.state_dict()
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,7 @@ def tmt(*args: str) -> str:
 
 
 @pytest.mark.parametrize("flags", [[], ["--nbest", "2"]])
+@pytest.mark.slow
 def test_any_window_gives_the_same_file(toy_ckpt: Path, src: Path, tmp_path: Path, lines, flags) -> None:
     outputs = []
     for window in ("1", "7", "25", "100000"):

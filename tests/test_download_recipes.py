@@ -52,6 +52,7 @@ def test_reproduce_en_de_base_on_8_gpus_runs_every_stage(run_recipe):
 
 
 @pytest.mark.parametrize(("gpus", "update_freq"), [("1", 8), ("2", 4), ("4", 2)])
+@pytest.mark.slow
 def test_reproduce_en_fr_big_keeps_25k_tokens_per_update(run_recipe, gpus, update_freq):
     code, err, calls = run_recipe(SCRIPT, "en-fr", "big", gpus)
     assert code == 0, err
@@ -73,6 +74,7 @@ def test_train_args_come_after_the_checkpoint_spacing_and_override_it(run_recipe
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: nothing to refuse")
 @pytest.mark.parametrize("script", [SCRIPT, ROOT / "scripts" / "table3.sh"])
+@pytest.mark.slow
 def test_the_recipes_refuse_a_machine_without_gpus_before_downloading(run_recipe, tmp_path, script):
     args = ("en-de", "base") if script == SCRIPT else ("b_dk16",)
     code, err, calls = run_recipe(script, *args, env_extra={"ALLOW_CPU": ""})

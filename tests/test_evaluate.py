@@ -197,7 +197,7 @@ def test_evaluate_local_files_offline(toy_ckpt: Path, prepared_toy: Config, tmp_
 
 
 def test_evaluate_warns_and_counts_empty_hypotheses(prepared_toy: Config, tmp_path: Path, capsys) -> None:
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     write_checkpoint(prepared_toy, tmp_path / "silent.pt", seed=0, silent=True)  # translates everything to nothing
     src_lines = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:5]
@@ -235,6 +235,7 @@ def test_evaluate_cli_on_newstest2014_lines(toy_ckpt: Path, tmp_path: Path) -> N
     assert "sacreBLEU" in result.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_named_testset_from_prefilled_cache(toy_ckpt: Path, prepared_toy: Config, tmp_path: Path) -> None:
     src = Path(f"{prepared_toy.data.test}.en").read_text(encoding="utf-8").splitlines()[:3]
     ref = Path(f"{prepared_toy.data.test}.de").read_text(encoding="utf-8").splitlines()[:3]
@@ -293,7 +294,7 @@ def split_ckpt(prepared_toy: Config, tmp_path_factory: pytest.TempPathFactory) -
     """A checkpoint whose config names 4-line test and 3-line valid splits, in a directory of their own."""
     import dataclasses
 
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     root = tmp_path_factory.mktemp("splits")
     for split, n in (("test", 4), ("valid", 3)):
@@ -338,7 +339,7 @@ def test_evaluate_a_run_directory_writes_inside_it(split_ckpt: Path, tmp_path: P
 def test_evaluate_split_errors_name_the_key_and_the_fix(prepared_toy: Config, split_ckpt: Path, tmp_path: Path) -> None:
     import dataclasses
 
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     no_test = tmp_path / "no_test.pt"
     write_checkpoint(

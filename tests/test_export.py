@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_decode_translate import write_checkpoint
+from helpers import write_checkpoint
 from typer.testing import CliRunner
 
 from transformer_mt.cli import app
@@ -165,6 +165,7 @@ def test_a_failed_export_leaves_nothing_that_looks_complete(
 
 
 @needs_ct2
+@pytest.mark.slow
 def test_int8_export_stores_smaller_weights_and_translates(
     toy_checkpoint: Path, toy_lines: list[str], tmp_path: Path
 ) -> None:

@@ -88,7 +88,7 @@ def test_a_model_marian_cannot_hold_is_one_line(toy_cfg_checkpoint_pre_norm: Pat
 
 @pytest.fixture
 def toy_cfg_checkpoint_pre_norm(prepared_toy: Config, tmp_path: Path) -> Path:
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     pre = dataclasses.replace(prepared_toy, model=dataclasses.replace(prepared_toy.model, norm="pre"))
     write_checkpoint(pre, tmp_path / "pre.pt", seed=1)
@@ -134,6 +134,7 @@ def compare(checkpoint: Path, out: Path, lines: list[str]) -> tuple[float, list[
     return diff, tmt_out, hf_out, ended
 
 
+@pytest.mark.slow
 def test_the_toy_model_gives_tmts_logits_and_translations(
     toy_trained_checkpoint: Path, prepared_toy: Config, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ def test_script_is_valid_bash():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.slow
 def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
@@ -41,6 +42,7 @@ def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.slow
 def test_without_python_on_the_path_it_takes_python3(tmp_path):
     bin_dir = tmp_path / "bin"  # a PATH holding python3 (this interpreter, with torch) and no python
     bin_dir.mkdir()

@@ -59,6 +59,7 @@ print(released, before - rss_mb(), float(sum(b.sum() for b in held)))
 
 
 @glibc
+@pytest.mark.slow
 def test_release_free_memory_gives_the_holes_back() -> None:
     out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True" and int(out[1]) > 500  # about 700 MiB of freed blocks behind live ones
@@ -93,6 +94,7 @@ print(quiet, freed.check(), before - rss_mb(), freed.check(), float(sum(b.sum() 
 
 
 @glibc
+@pytest.mark.slow
 def test_freed_memory_trims_only_past_its_slack() -> None:
     def run(slack_mib: int) -> list[str]:
         cmd = [sys.executable, "-c", SLACK, str(slack_mib)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_decode_translate import write_checkpoint
+from helpers import write_checkpoint
 from torch import nn
 
 from transformer_mt.config import Config, ModelConfig

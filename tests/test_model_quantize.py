@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_decode_translate import write_checkpoint
+from helpers import write_checkpoint
 from torch import nn
 from typer.testing import CliRunner
 

@@ -113,6 +113,7 @@ def _checkpoints(run_dir: Path, *updates: int) -> None:
         )
 
 
+@pytest.mark.slow
 def test_table3_script_trains_the_row_and_scores_its_last_checkpoint_on_newstest2013(run_recipe, tmp_path):
     _checkpoints(tmp_path / "runs/table3/b_dk16", 100, 200)
     code, err, calls = run_recipe(SCRIPT, "b_dk16", "8")
@@ -129,6 +130,7 @@ def test_table3_script_trains_the_row_and_scores_its_last_checkpoint_on_newstest
     assert "PPL=5.16, BLEU=25.1, params=58M" in err
 
 
+@pytest.mark.slow
 def test_table3_script_base_row_is_the_table2_run(run_recipe, tmp_path):
     _checkpoints(tmp_path / "runs/wmt14_en_de_base", 100000)
     code, err, calls = run_recipe(SCRIPT, "base")
@@ -137,6 +139,7 @@ def test_table3_script_base_row_is_the_table2_run(run_recipe, tmp_path):
     assert any(c.startswith("evaluate newstest2013 -c runs/wmt14_en_de_base/checkpoint_u0100000.pt") for c in calls)
 
 
+@pytest.mark.slow
 def test_table3_script_refuses_bad_arguments_and_a_run_without_checkpoints(run_recipe):
     for args in [(), ("no_such_row",), ("b_dk16", "zero"), ("b_dk16", "1", "extra")]:
         code, err, calls = run_recipe(SCRIPT, *args)

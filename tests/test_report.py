@@ -191,7 +191,7 @@ def test_results_of_evaluate_test_count_for_the_test_set_the_config_names(tmp_pa
 def test_what_evaluate_test_writes_is_what_report_reads(prepared_toy, tmp_path: Path, monkeypatch) -> None:
     import dataclasses
 
-    from test_decode_translate import write_checkpoint
+    from helpers import write_checkpoint
 
     lines = {lang: Path(f"{prepared_toy.data.test}.{lang}").read_text(encoding="utf-8").splitlines()[:3]
              for lang in ("en", "de")}  # fmt: skip

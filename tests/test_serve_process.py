@@ -85,6 +85,7 @@ def server(toy_ckpt: Path) -> Iterator[str]:
     assert "Traceback" not in output, output
 
 
+@pytest.mark.slow
 def test_http_and_websocket(server: str, lines: list[str], expected: dict[str, str]) -> None:
     from websockets.sync.client import connect
 
@@ -102,6 +103,7 @@ def test_http_and_websocket(server: str, lines: list[str], expected: dict[str, s
     assert health["lines"] >= 4 + 2 + len(lines) and health["threads"] == "1 from OMP_NUM_THREADS"
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_what_is_in_flight(toy_ckpt: Path, lines: list[str], expected: dict[str, str]) -> None:
     from conftest import _free_port
 
@@ -124,6 +126,7 @@ def test_sigterm_finishes_what_is_in_flight(toy_ckpt: Path, lines: list[str], ex
         _request(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line(toy_ckpt: Path, server: str) -> None:
     port = server.rsplit(":", 1)[1]
     done = subprocess.run(
@@ -149,6 +152,7 @@ def _browser():
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
+@pytest.mark.slow
 def test_demo_page_in_a_real_browser(server: str, lines: list[str], expected: dict[str, str], tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

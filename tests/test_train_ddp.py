@@ -200,6 +200,7 @@ def test_ranks_wait_for_rank_0_to_prepare_outside_any_collective(unprepared_toy,
     assert is_prepared(cfg)
 
 
+@pytest.mark.slow
 def test_a_rank_whose_peer_ended_names_it_in_one_line():
     """Gloo's error names an address; the message names the rank whose process is gone, and only this error."""
     import socket

@@ -78,6 +78,7 @@ def _files(run: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != LOCK_NAME}
 
 
+@pytest.mark.slow
 def test_a_second_tmt_train_is_refused_while_the_first_holds_the_run(prepared_toy, tmp_path):
     """A real second `tmt train` process: one line naming the holder's PID and host, exit 2, the run untouched."""
     run = tmp_path / "run"

@@ -243,6 +243,7 @@ def _set_model(cfg: Config, **model) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
 
 
+@pytest.mark.slow
 def test_sentences_longer_than_max_positions_are_left_out_and_counted(prepared_toy, tmp_path, capsys):
     """max_positions 40 is below the longest toy sentences (63 tokens): a whole epoch runs, they are counted."""
     cfg = _set_model(
@@ -488,6 +489,7 @@ def _valid_sentences(cfg: Config, n: int) -> tuple[list[str], list[str]]:
     return src, ref
 
 
+@pytest.mark.slow
 def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, tmp_path, capsys):
     run = tmp_path / "run"
     common = dict(max_updates=20, validate_every=5, warmup=5, save_every_updates=20)
