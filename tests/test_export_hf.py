@@ -114,7 +114,7 @@ def compare(checkpoint: Path, out: Path, lines: list[str]) -> tuple[float, list[
         diff = (plain(pad_batch(ids), tgt)[mask] - theirs).abs().max().item()
     tmt_out, hf_out, ended = [], [], []
     for beam in (1, 4):
-        tmt_out.append(ours.with_decode([f"decode.beam_size={beam}"]).translate_lines(lines))
+        tmt_out.append(ours.with_decode({"beam_size": beam}).translate_lines(lines))
         with torch.no_grad():
             gen = model.generate(
                 **batch,

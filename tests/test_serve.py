@@ -115,10 +115,10 @@ def test_v1_refusals_name_the_field(translator: Translator, body: dict, field: s
     assert (caught.value.status, caught.value.field) == (400, field), caught.value.message
 
 
-def test_v1_settings_become_decode_overrides(translator: Translator) -> None:
+def test_v1_settings_become_decode_changes(translator: Translator) -> None:
     job = parse_v1({"sources": ["a"], "beam": 2, "nbest": 2, "len_penalty": 1}, translator.cfg, Limits()).job
-    assert job.overrides == ("decode.beam_size=2", "decode.len_penalty=1.0") and job.nbest == 2
-    assert translator.with_decode(job.overrides).cfg.decode.beam_size == 2
+    assert job.decode == {"beam_size": 2, "len_penalty": 1.0} and job.nbest == 2
+    assert translator.with_decode(job.decode).cfg.decode.beam_size == 2
     assert translator.cfg.decode.beam_size == 4  # the served translator itself is unchanged
 
 
@@ -148,9 +148,9 @@ def test_concurrent_requests_get_their_own_lines_in_order(translator: Translator
 
 
 def test_requests_with_their_own_settings_are_decoded_apart(translator: Translator, lines) -> None:
-    greedy = translator.with_decode(["decode.beam_size=1"]).translate_lines(lines[:3])
+    greedy = translator.with_decode({"beam_size": 1}).translate_lines(lines[:3])
     batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=50, queue_size=8)
-    a = batcher.submit(Job(lines[:3], overrides=("decode.beam_size=1",)))
+    a = batcher.submit(Job(lines[:3], decode={"beam_size": 1}))
     b = batcher.submit(Job(lines[:3]))
     batcher.start()
     try:
@@ -427,7 +427,7 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
     ct2 = load_translator([tmp_path / "ct2"], "ctranslate2", device="cpu")
     ct2.show_progress = False
     expected = [ct2.translate_lines([line])[0] for line in lines[:4]]
-    greedy = ct2.with_decode(["decode.beam_size=1"]).translate_lines(lines[:4])
+    greedy = ct2.with_decode({"beam_size": 1}).translate_lines(lines[:4])
     batcher = Batcher(ct2, max_batch_tokens=1000, max_wait_ms=5, queue_size=8)
     with TestClient(build_app(batcher, ServerInfo("ct2", "ctranslate2", "cpu", "none"), Limits())) as client:
         assert client.post("/translate", json={"q": lines[:4]}).json()["translatedText"] == expected
@@ -442,16 +442,15 @@ def test_the_ctranslate2_engine_behind_the_same_api(toy_ckpt: Path, lines, tmp_p
     assert ct2.cfg.decode.beam_size == 4 and ct2.engine_search.cfg is ct2.cfg  # the served engine is unchanged
 
 
-def test_v1_sampling_fields_become_decode_overrides(translator: Translator) -> None:
+def test_v1_sampling_fields_become_decode_changes(translator: Translator) -> None:
     job = parse_v1({"sources": ["a"], "sample": "topp:0.9", "temperature": 0.7, "seed": 5, "nbest": 6},
                    translator.cfg, Limits()).job  # fmt: skip
-    assert job.overrides == ("decode.beam_size=1", "decode.sampling_temperature=0.7", "decode.sampling=topp:0.9",
-                             "decode.seed=5")  # fmt: skip
-    assert job.nbest == 6 and translator.with_decode(job.overrides).cfg.decode.sampling == "topp:0.9"
+    assert job.decode == {"beam_size": 1, "sampling_temperature": 0.7, "sampling": "topp:0.9", "seed": 5}
+    assert job.nbest == 6 and translator.with_decode(job.decode).cfg.decode.sampling == "topp:0.9"
 
 
 def test_v1_samples_a_line_as_tmt_translate_does_whatever_shares_its_request(client, translator, lines) -> None:
-    sampler = translator.with_decode(["decode.sampling=topk:20", "decode.seed=7", "decode.beam_size=1"])
+    sampler = translator.with_decode({"sampling": "topk:20", "seed": 7, "beam_size": 1})
     expected = {line: sampler.translate_lines_nbest([line], nbest=2)[0] for line in lines[:4]}
     for sources in (lines[:4], lines[3:4], [lines[2], lines[5], lines[0]]):
         r = client.post("/v1/translate", json={"sources": sources, "sample": "topk:20", "seed": 7, "nbest": 2})
@@ -467,7 +466,7 @@ def test_v1_samples_a_line_as_tmt_translate_does_whatever_shares_its_request(cli
 
 def test_v1_alignment_is_translate_alignments_per_hypothesis(client, translator: Translator, lines) -> None:
     for kind in ("hard", "soft"):
-        expected = translator.with_decode([f"decode.alignment={kind}"]).translate_lines_nbest(lines[:3], nbest=2)
+        expected = translator.with_decode({"alignment": kind}).translate_lines_nbest(lines[:3], nbest=2)
         r = client.post("/v1/translate", json={"sources": lines[:3], "nbest": 2, "alignment": kind})
         assert r.status_code == 200, r.text
         got = r.json()["translations"]
@@ -522,7 +521,7 @@ def test_v1_constraints_are_translate_constraints_whatever_shares_the_round(
         ({"constraints": [[], ["a\tb"]]}, "constraints[1][0]", "without tabs"),
         ({"constraints": [[], []], "prefixes": ["", ""]}, "constraints", "cannot be combined with 'prefixes'"),
         ({"constraints": [[], []], "sample": "topk:3"}, "constraints", "cannot be combined with 'sample'"),
-        ({"constraints": [[], ["Hund \u2603"]]}, "constraints[1]", "sources[1]: constraint 1"),
+        ({"constraints": [[], ["Hund \u2603"]]}, "constraints[1]", "constraints[1]: constraint 1"),
     ],
 )
 def test_v1_bad_constraints_are_400_naming_the_field(client, lines, body, field, message) -> None:
@@ -530,3 +529,25 @@ def test_v1_bad_constraints_are_400_naming_the_field(client, lines, body, field,
     assert r.status_code == 400, r.text
     assert r.json()["field"] == field and message in r.json()["error"], r.json()
     assert client.post("/v1/translate", json={"sources": lines[:1]}).status_code == 200  # the worker lives on
+
+
+def test_a_served_line_is_encoded_once(client, translator: Translator, lines, monkeypatch) -> None:
+    """From the socket to the search each source (and prefix, and phrase) is BPE-encoded once, whether it joins
+    the running search or is translated in a round of its own settings."""
+    calls: list[str] = []
+    encode = translator.bpe.encode
+    monkeypatch.setattr(translator.bpe, "encode", lambda text, **kw: (calls.append(text), encode(text, **kw))[1])
+    bodies = [
+        ({"sources": lines[:3]}, 3),  # joins the continuous search
+        ({"sources": lines[:3], "beam": 2}, 3),  # a round of its own settings
+        ({"sources": lines[:2], "prefixes": ["Ein", ""]}, 3),
+        ({"sources": lines[:2], "constraints": [["Mann"], []], "nbest": 2}, 3),
+    ]
+    for body, encoded in bodies:
+        calls.clear()
+        r = client.post("/v1/translate", json=body)
+        assert r.status_code == 200, r.text
+        assert len(calls) == encoded, (body, calls)
+    calls.clear()
+    assert client.post("/translate", json={"q": "\n".join(lines[:2])}).status_code == 200
+    assert len(calls) == 2

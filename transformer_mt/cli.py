@@ -172,7 +172,7 @@ CombineOpt = Annotated[
     bool,
     typer.Option(
         "--ensemble/--average",
-        help="How several -c combine. --average (the default, as before --ensemble existed): one model whose "
+        help="How several -c combine. --average (the default): one model whose "
         "weights are their mean, what `tmt average` writes; the paper's way with the last checkpoints of one run, "
         "at one model's cost. --ensemble: every model decodes and each beam step takes the mean of their "
         "log-probabilities; for separately trained models (other seeds or configs; their weights cannot be "

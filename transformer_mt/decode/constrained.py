@@ -409,8 +409,9 @@ def split_constraints(line: str, index: int) -> tuple[str, list[str]]:
     return source, phrases
 
 
-def encode_constraints(bpe: spm.SentencePieceProcessor, phrases: Sequence[str], index: int) -> list[list[int]]:
-    """Each phrase as the model's tokens, normalized and encoded as the source is (`Translator.encode`).
+def encode_constraints(bpe: spm.SentencePieceProcessor, phrases: Sequence[str], where: str) -> list[list[int]]:
+    """Each phrase as the model's tokens, normalized and encoded as the source is (`Translator.encode`); ``where``
+    names the line in errors (``--constraints: line 3``, or a request's ``constraints[2]``).
 
     sentencepiece marks a word that follows a space with a leading ``▁``
     and segments each space-separated word on its own, so a phrase encoded
@@ -424,7 +425,7 @@ def encode_constraints(bpe: spm.SentencePieceProcessor, phrases: Sequence[str], 
         ids = bpe.encode(normalize(phrase), out_type=int)
         if UNK in ids:
             raise ConstraintError(
-                f"--constraints: line {index + 1}: constraint {j + 1} ({phrase!r}) holds characters the model's "
+                f"{where}: constraint {j + 1} ({phrase!r}) holds characters the model's "
                 "vocabulary lacks (they encode to <unk>); remove them or use another phrase"
             )
         encoded.append(ids)
@@ -445,14 +446,14 @@ def word_continuations(bpe: spm.SentencePieceProcessor) -> Tensor:
 
 
 def check_lengths(
-    index: int, phrases: Sequence[Sequence[int]], source: Sequence[int], settings: SearchSettings
+    where: str, phrases: Sequence[Sequence[int]], source: Sequence[int], settings: SearchSettings
 ) -> None:
-    """The constraints of input line ``index`` fit in its longest output (``source``: its ids and EOS)."""
+    """The constraints of a line (``where`` names it) fit in its longest output (``source``: its ids and EOS)."""
     needed = sum(map(len, phrases))
     max_len = int(settings.max_lengths(torch.tensor([list(source)]))[0])
     if needed > max_len:
         raise ConstraintError(
-            f"--constraints: line {index + 1}: the constraints take {needed} tokens, more than the {max_len} this "
+            f"{where}: the constraints take {needed} tokens, more than the {max_len} this "
             f"line's translation may have (decode.max_len_a x source tokens + decode.max_len_b, within "
             "model.max_positions); shorten them, or raise the limit with --set decode.max_len_b=..."
         )

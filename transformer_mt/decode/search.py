@@ -308,14 +308,11 @@ def best_extensions(
     decoder's ``features`` (R, D): the projection, `step_log_probs`, ``rules`` (in place, with the slice of rows)
     and `row_topk`, `PROJECTED_ROWS` rows at a time. ``m`` is capped at the vocabulary size.
 
-    Why in slices: a step's logits (R, V) are decoding's largest tensor (37 MB at 285 sentences x 4 beams and
-    8000 words) and the search needs none of a row's V numbers once its m best are known. Held whole, they
-    and the heap holes they left made the resident size peak (Multi30k test2016 in int8: 587 MiB, now about
-    510, benchmarks/README.md); in slices a step's working set is a few MB. A slice computes what the whole
-    would: int8 products are exact, and an fp32 matmul rounds a row as it would in any batch of as many rows
-    (a slice of a few rows may round in the last bit otherwise, as a batch does when its sentences leave).
-    On a GPU all rows are projected at once, as before: PyTorch's caching allocator leaves no such holes, and
-    each slice would cost a few more kernel launches per step.
+    Why in slices: a step's logits (R, V) are decoding's largest tensor, and the search needs none of a row's V
+    numbers once its m best are known; held whole, they and the heap holes they left made the resident size
+    peak (benchmarks/README.md). A slice computes what the whole would (int8 products are exact; an fp32
+    matmul rounds a row as in any batch of as many rows). On a GPU all rows are projected at once: the
+    caching allocator leaves no such holes, and each slice would cost kernel launches.
     """
     per_slice = PROJECTED_ROWS if features.device.type == "cpu" else max(features.shape[0], 1)
     values, tokens = [], []

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dict, mode_conflict
+from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dict, mode_conflict, validate
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize, read_lines
@@ -112,13 +114,16 @@ class Translator:
         self.engine_search = search  # None: tmt's own beam search over ``model``
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
 
-    def with_decode(self, overrides: Sequence[str]) -> Translator:
-        """This translator (the same model and engine, nothing loaded again) decoding with ``--set decode.*``
-        ``overrides`` applied to its config, validated (`override_config`): per-request settings of a server."""
-        if not overrides:
+    def with_decode(self, changes: Mapping[str, Any]) -> Translator:
+        """This translator (the same model and engine, nothing loaded again) decoding with ``changes`` to its
+        decode section (``{"beam_size": 1}``), validated as a config is: per-request settings of a server.
+        Without changes, this translator itself."""
+        if not changes:
             return self
+        cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **changes))
+        validate(cfg)
         other = copy.copy(self)
-        other.cfg = override_config(self.cfg, overrides)
+        other.cfg = cfg
         if self.engine_search is not None:
             other.engine_search = copy.copy(self.engine_search)
             other.engine_search.cfg = other.cfg
@@ -222,21 +227,45 @@ class Translator:
         forced = [
             self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
         ] if prefixes is not None else None  # fmt: skip
+        return self.translate_encoded(ids, nbest, forced)
+
+    def translate_encoded(
+        self,
+        sources: Sequence[list[int]],
+        nbest: int,
+        prefixes: Sequence[list[int]] | None = None,
+        phrases: Sequence[list[list[int]]] | None = None,
+    ) -> list[list[Translation]]:
+        """The ``nbest`` best translations of already encoded lines (`encode`: ids and EOS, [] for an empty line),
+        batched by length; ``prefixes``: each line's forced target ids, ``phrases``: each line's constraints
+        (encoded phrases, [] for none; those lines are searched by `constrained_search`, in batches of their own).
+
+        An empty line gets ``nbest`` empty translations with score 0 (with a prefix: the prefix alone).
+        """
+        check_mode(self.mode(nbest, constraints=phrases is not None, prefixes=prefixes is not None))
         empty_alignment = None if self.cfg.decode.alignment == "none" else ""
         results: list[list[Translation]] = [
-            [] if x else [Translation(self.bpe.decode(forced[i]) if forced else "", 0.0, 0.0, empty_alignment)] * nbest
-            for i, x in enumerate(ids)
+            []
+            if x
+            else [Translation(self.bpe.decode(prefixes[i]) if prefixes else "", 0.0, 0.0, empty_alignment)] * nbest
+            for i, x in enumerate(sources)
         ]
-        todo = [i for i, x in enumerate(ids) if x]
-        with self._progress(len(lines)) as bar:
-            bar.update(len(lines) - len(todo))
-            for batch in batches_by_tokens(todo, [len(ids[i]) for i in todo], self.cfg.decode.batch_tokens):
-                batch_prefixes = None if forced is None else [forced[i] for i in batch]
-                found = self._translate_batch([ids[i] for i in batch], nbest, batch_prefixes)
-                for i, hyps in zip(batch, found, strict=True):
-                    results[i] = hyps
-                bar.update(len(batch))
-                self.freed.release()  # what the batch freed goes back to the system: memory stays at one batch's
+        todo = [i for i, x in enumerate(sources) if x]
+        groups = [(todo, False)] if phrases is None else [
+            ([i for i in todo if not phrases[i]], False), ([i for i in todo if phrases[i]], True)
+        ]  # fmt: skip
+        continues_word = None if phrases is None else word_continuations(self.bpe).to(self.device)
+        with self._progress(len(sources)) as bar:
+            bar.update(len(sources) - len(todo))
+            for group, constrained in groups:
+                for batch in batches_by_tokens(group, [len(sources[i]) for i in group], self.cfg.decode.batch_tokens):
+                    batch_prefixes = None if prefixes is None else [prefixes[i] for i in batch]
+                    batch_phrases = ([phrases[i] for i in batch], continues_word) if constrained else None
+                    found = self._translate_batch([sources[i] for i in batch], nbest, batch_prefixes, batch_phrases)
+                    for i, hyps in zip(batch, found, strict=True):
+                        results[i] = hyps
+                    bar.update(len(batch))
+                    self.freed.release()  # what a batch freed goes back to the system: memory stays at one batch's
         return results
 
     def _progress(self, total: int) -> contextlib.AbstractContextManager[tqdm]:
@@ -345,31 +374,22 @@ class Translator:
         a bad line fails at once (`ConstraintError`, naming the line). Lines
         without phrases are searched by `beam_search` as without
         ``--constraints``; the others by `constrained_search`, in batches of
-        their own.
+        their own (`translate_encoded`).
         """
         check_mode(self.mode(nbest, constraints=True))
-        d = self.cfg.decode
         split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
         ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
-        phrases = [encode_constraints(self.bpe, texts, start + i) for i, (_, texts) in enumerate(split)]
-        for i, (x, p) in enumerate(zip(ids, phrases, strict=True)):
-            if p:
-                check_lengths(start + i, p, x, SearchSettings.of(self.cfg))
-        empty = Translation("", 0.0, 0.0, None if d.alignment == "none" else "")
-        results: list[list[Translation]] = [[empty] * nbest if not x else [] for x in ids]
-        continues_word = word_continuations(self.bpe).to(self.device)
-        groups = ([i for i, x in enumerate(ids) if x and not phrases[i]], [i for i, x in enumerate(ids) if phrases[i]])
-        with self._progress(len(lines)) as bar:
-            bar.update(len(lines) - len(groups[0]) - len(groups[1]))
-            for group, constrained in zip(groups, (False, True), strict=True):
-                for batch in batches_by_tokens(group, [len(ids[i]) for i in group], d.batch_tokens):
-                    batch_phrases = ([phrases[i] for i in batch], continues_word) if constrained else None
-                    texts = self._translate_batch([ids[i] for i in batch], nbest, phrases=batch_phrases)
-                    for i, translations in zip(batch, texts, strict=True):
-                        results[i] = translations
-                    bar.update(len(batch))
-                    self.freed.release()
-        return results
+        phrases = [self.encode_constraints(texts, ids[i], f"--constraints: line {start + i + 1}")
+                   for i, (_, texts) in enumerate(split)]  # fmt: skip
+        return self.translate_encoded(ids, nbest, phrases=phrases)
+
+    def encode_constraints(self, texts: Sequence[str], source: list[int], where: str) -> list[list[int]]:
+        """A line's constraint phrases as the model's tokens (`encode_constraints`), checked to fit in the line's
+        longest output; ``where`` names the line in errors."""
+        phrases = encode_constraints(self.bpe, texts, where)
+        if phrases and source:
+            check_lengths(where, phrases, source, SearchSettings.of(self.cfg))
+        return phrases
 
     def _constrained_search(
         self, sources: list[list[int]], phrases: list[list[list[int]]], nbest: int, continues_word: torch.Tensor

@@ -23,8 +23,6 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
-from transformer_mt.decode.constrained import encode_constraints
-from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.protocol import (
@@ -124,7 +122,7 @@ class _Handlers:
             return JSONResponse(await respond(parse(await self.body(request))))
         except RequestError as err:
             return refusal(err)
-        except UserError as err:  # a decoding setting the config refuses
+        except UserError as err:  # what only the model can tell (a line it cannot encode): the client's to fix
             return refusal(RequestError(400, " ".join(str(err).split())))
 
     async def translate_libre(self, request: Request) -> Response:
@@ -142,13 +140,6 @@ class _Handlers:
         )
 
     async def v1(self, parsed: Any) -> dict[str, Any]:
-        """Checks what the queue would only find later (decoding settings, prefixes, constraints), so that a bad
-        request is refused on its own instead of failing the batch it would join."""
-        translator = self.batcher.translator.with_decode(parsed.job.overrides)  # a ConfigError here, before the queue
-        for i, (source, prefix) in enumerate(zip(parsed.job.lines, parsed.job.prefixes or [], strict=False)):
-            translator.encode_prefix(i, prefix, translator.encode(i, source), origin="prefixes")  # its errors too
-        if parsed.job.constraints is not None:
-            check_constraints(translator, parsed.job.constraints)
         return v1_response(await self.submit(parsed.job))
 
     async def attention(self, request: Request) -> Response:
@@ -253,14 +244,3 @@ async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
 
 async def _close(ws: WebSocket, err: RequestError) -> None:
     await ws.close(code=1013 if err.status in (429, 503) else 1008, reason=err.message[:120])
-
-
-def check_constraints(translator: Translator, constraints: list[list[str]]) -> None:
-    """Refuse, before the queue, constraints that no translation could hold: a phrase with characters the
-    vocabulary lacks (the error names its source). Which engines search with constraints, `parse_v1` says."""
-    for i, phrases in enumerate(constraints):
-        try:
-            encode_constraints(translator.bpe, phrases, i)
-        except UserError as err:
-            message = " ".join(str(err).split()).replace(f"--constraints: line {i + 1}", f"sources[{i}]")
-            raise RequestError(400, message, f"constraints[{i}]") from None

@@ -24,27 +24,31 @@ ctranslate2``) every request is decoded in rounds: the worker takes the
 oldest and what is queued behind it and, while fewer have come than it
 expects (`_gather`), waits at most ``max_wait_ms`` for more; never past
 ``max_batch_tokens`` source tokens. A round is translated with
-`Translator.translate_lines_nbest`, one group per decoding setting;
-constraints form groups of their own (`Translator.translate_constrained`).
+`Translator.translate_encoded`, one group per decoding setting; constraints
+form groups of their own. `submit` encodes a request once (`encode_job`):
+its lines, prefixes and phrases, and its own settings applied to the
+server's; `Encoded.joins` alone decides what joins the running search.
 Model work never runs on the event loop, and the worker survives any error:
 the failed group's futures get the exception, the others their results.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformer_mt.data.clean import normalize
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translate import Translation, Translator
-from transformer_mt.serve.protocol import Job
+from transformer_mt.errors import UserError
+from transformer_mt.serve.protocol import Job, RequestError
 
 
 class QueueFull(Exception):
@@ -55,12 +59,67 @@ class ShuttingDown(Exception):
     """The server stopped taking work (SIGTERM or Ctrl-C); what was queued before still finishes."""
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A job as the worker translates it, encoded once (`encode_job`): each line's source ids (ids and EOS, []
+    for an empty line), forced prefix ids and constraint phrases, and the translator that decodes it with the
+    job's own settings (the server's translator itself when it asks for none)."""
+
+    translator: Translator
+    nbest: int
+    sources: list[list[int]]
+    prefixes: list[list[int]] | None = None
+    phrases: list[list[list[int]]] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(map(len, self.sources))
+
+    def joins(self, server: Translator) -> bool:
+        """Whether it can join the server's running search: the one place that decides. Only a job with the
+        server's own settings, no prefixes and no constraints; the others are translated in rounds."""
+        return self.translator is server and self.prefixes is None and self.phrases is None
+
+
+def encode_job(server: Translator, job: Job) -> Encoded:
+    """``job`` encoded with ``server``'s BPE model, each line once, and its settings applied and checked: a
+    request that cannot be translated is refused here (a 400 `RequestError` naming the field), not in the
+    batch it would join."""
+    with _refused(None):
+        translator = server.with_decode(job.decode)
+    sources = [translator.encode(i, line) for i, line in enumerate(job.lines)]
+    prefixes = phrases = None
+    if any(job.prefixes or []):
+        prefixes = []
+        for i, (text, source) in enumerate(zip(job.prefixes or [], sources, strict=True)):
+            with _refused(f"prefixes[{i}]"):
+                prefixes.append(translator.encode_prefix(i, text, source, origin="prefixes"))
+    if job.constraints is not None:
+        phrases = []
+        for i, (texts, source) in enumerate(zip(job.constraints, sources, strict=True)):
+            with _refused(f"constraints[{i}]"):
+                phrases.append(translator.encode_constraints(texts, source, f"constraints[{i}]"))
+    return Encoded(translator, job.nbest, sources, prefixes, phrases)
+
+
+@contextlib.contextmanager
+def _refused(field: str | None) -> Iterator[None]:
+    """A UserError inside as a 400 about ``field``, its message on one line."""
+    try:
+        yield
+    except UserError as err:
+        raise RequestError(400, " ".join(str(err).split()), field) from None
+
+
 @dataclass
 class _Pending:
-    job: Job | None  # None: ``call`` is run instead (other model work, such as an attention map)
+    job: Encoded | None  # None: ``call`` is run instead (other model work, such as an attention map)
     future: Future
-    tokens: int = 0
     call: Callable[[], Any] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return 0 if self.job is None else self.job.tokens
 
 
 @dataclass(eq=False)
@@ -137,9 +196,9 @@ class Batcher:
         return self.queue.qsize()
 
     def submit(self, job: Job) -> Future:
-        """Queue ``job``; the future's result is one n-best list (``job.nbest`` `Translation`s) per line."""
-        tokens = sum(len(self.translator.bpe.encode(normalize(line))) + 1 for line in job.lines)
-        return self._put(_Pending(job, Future(), tokens=tokens))
+        """Queue ``job``, encoded once (`encode_job`, whose UserError refuses it here); the future's result is
+        one n-best list (``job.nbest`` `Translation`s) per line."""
+        return self._put(_Pending(encode_job(self.translator, job), Future()))
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the worker thread, between rounds: model work other than translation."""
@@ -213,13 +272,11 @@ class Batcher:
     def _joins(self, pending: _Pending) -> bool:
         """Queue ``pending`` to join the continuous search, if it can: a request with the server's settings."""
         job = pending.job
-        if job is None or job.overrides or job.constraints is not None or any(job.prefixes or []):
+        if job is None or not job.joins(self.translator):
             return False
-        if not 1 <= job.nbest <= self.translator.cfg.decode.beam_size:
-            return False  # the round refuses it, with translate's message
         if not pending.future.set_running_or_notify_cancel():
             return True  # cancelled: nothing to do
-        sources = [self.translator.encode(i, line) for i, line in enumerate(job.lines)]
+        sources = job.sources
         empty = [Translation("", 0.0, 0.0)] * job.nbest
         todo = [i for i, ids in enumerate(sources) if ids]
         results: list[list[Translation] | None] = [None if ids else empty for ids in sources]
@@ -293,11 +350,8 @@ class Batcher:
 
         Expected: the requests the last round answered (clients that wait for
         their answer send again right after it) and those that queued while it
-        ran. A fixed wait counted from the oldest request took only the part
-        of 32 such clients whose next requests had come, and left the rest to
-        a round of their own (18.2 lines a round, 44.5 sentences/s; now 23.8
-        lines, 50.9/s; benchmarks/README.md, "Serving").
-        A lone client is never kept waiting: one request expected, one came.
+        ran (benchmarks/README.md, "Serving", measured it against a fixed
+        wait). A lone client is never kept waiting: one request expected, one came.
         """
         round_, tokens = [first], first.tokens
         deadline = time.monotonic() + self.max_wait
@@ -315,18 +369,17 @@ class Batcher:
 
     def _translate(self, round_: list[_Pending]) -> None:
         """Each group of one decoding setting in one `translate_lines_nbest` call; calls run on their own."""
-        groups: dict[tuple[tuple[str, ...], int, bool], list[_Pending]] = {}
+        groups: dict[tuple[tuple[Any, ...], int, bool], list[_Pending]] = {}
         for pending in round_:
             if pending.job is None:
                 self._run_call(pending)
             elif pending.future.set_running_or_notify_cancel():
-                key = (pending.job.overrides, pending.job.nbest, pending.job.constraints is not None)
+                job = pending.job
+                key = (dataclasses.astuple(job.translator.cfg.decode), job.nbest, job.phrases is not None)
                 groups.setdefault(key, []).append(pending)
-        for (overrides, nbest, constrained), group in groups.items():
+        for (_, nbest, _), group in groups.items():
             try:
-                results = self._results(
-                    self.translator.with_decode(overrides), [p.job for p in group], nbest, constrained
-                )
+                results = self._results([p.job for p in group if p.job is not None], nbest)
             except BaseException as err:  # the worker must outlive any request: its futures carry the error
                 self.stats.errors += 1
                 for pending in group:
@@ -335,21 +388,23 @@ class Batcher:
             self.stats.batches += 1
             start = 0
             for pending in group:
-                n = len(pending.job.lines)
+                n = len(pending.job.sources)
                 pending.future.set_result(results[start : start + n])
                 start += n
                 self.stats.requests += 1
                 self.stats.lines += n
 
     @staticmethod
-    def _results(translator: Translator, jobs: list[Job], nbest: int, constrained: bool) -> list[list[Translation]]:
-        """The translations of the lines of ``jobs`` (one decoding setting), in order: with their forced prefixes,
-        or their constraints (`Translator.translate_constrained`)."""
-        if constrained:
-            return translator.translate_constrained([line for job in jobs for line in job.constrained_lines()], nbest)
-        lines = [line for job in jobs for line in job.lines]
-        prefixes = [p for job in jobs for p in job.prefixes or [""] * len(job.lines)]
-        return translator.translate_lines_nbest(lines, nbest=nbest, prefixes=prefixes if any(prefixes) else None)
+    def _results(jobs: list[Encoded], nbest: int) -> list[list[Translation]]:
+        """The translations of the lines of ``jobs`` (one decoding setting, the first job's translator), in
+        order, with their forced prefixes or their constraints (`Translator.translate_encoded`)."""
+        sources = [ids for job in jobs for ids in job.sources]
+        prefixes = phrases = None
+        if any(job.prefixes is not None for job in jobs):
+            prefixes = [p for job in jobs for p in job.prefixes or [[]] * len(job.sources)]
+        if jobs[0].phrases is not None:  # a group has constraints in every job or in none
+            phrases = [p for job in jobs for p in job.phrases or []]
+        return jobs[0].translator.translate_encoded(sources, nbest, prefixes, phrases)
 
     @staticmethod
     def _run_call(pending: _Pending) -> None:

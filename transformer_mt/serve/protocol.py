@@ -22,10 +22,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from transformer_mt.config import API_NAMES, SEED_MAX, Config, DecodeMode, mode_conflict
+from transformer_mt.config import (
+    API_NAMES,
+    SAMPLING_FIX,
+    SEED_MAX,
+    Config,
+    ConfigError,
+    DecodeMode,
+    mode_conflict,
+    parse_sampling,
+)
 from transformer_mt.decode.translate import Translation
 
 LANGUAGE_NAMES = {
@@ -62,17 +71,15 @@ class Limits:
 
 @dataclass(frozen=True)
 class Job:
-    """Lines to translate with one set of decoding settings (``overrides``, ``--set decode.*`` texts)."""
+    """Lines to translate, as a request asked: ``decode``, its own values of the decode section (``{"beam_size":
+    2}``; empty: the server's settings), ``prefixes`` and ``constraints`` as text. `transformer_mt.serve.batcher`
+    encodes it once."""
 
     lines: list[str]
     nbest: int = 1
-    overrides: tuple[str, ...] = ()
+    decode: dict[str, Any] = field(default_factory=dict)
     prefixes: list[str] | None = None  # per line, the target text its translations start with ("" for none)
     constraints: list[list[str]] | None = None  # per line, phrases its translations must contain ([] for none)
-
-    def constrained_lines(self) -> list[str]:
-        """The lines in `tmt translate --constraints`'s format: the source, then its phrases, tab-separated."""
-        return ["\t".join([line, *phrases]) for line, phrases in zip(self.lines, self.constraints or [], strict=True)]
 
 
 @dataclass(frozen=True)
@@ -202,22 +209,30 @@ def parse_v1(
         )
     beam = _whole(raw, "beam", 1 if sample else cfg.decode.beam_size, 1, limits.max_beam)
     nbest = _whole(raw, "nbest", 1, 1, limits.max_beam)
-    overrides = [f"decode.beam_size={beam}"] if beam != cfg.decode.beam_size else []
+    decode: dict[str, Any] = {"beam_size": beam} if beam != cfg.decode.beam_size else {}
     for key, setting in (("len_penalty", "len_penalty"), ("temperature", "sampling_temperature")):
         value = raw.get(key)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise RequestError(400, f"'{key}' must be a number, got {value!r}", key)
-            overrides.append(f"decode.{setting}={float(value)!r}")
+            if key == "temperature" and value <= 0:
+                raise RequestError(
+                    400, f"'temperature' must be above 0 (1: the model's own distribution), got {value}", key
+                )
+            decode[setting] = float(value)
     if sample is not None:
-        overrides.append(f"decode.sampling={sample}")
+        try:
+            parse_sampling(sample)
+        except ConfigError:
+            raise RequestError(400, f"'sample' {sample!r}: {SAMPLING_FIX}", "sample") from None
+        decode["sampling"] = sample
     if "seed" in raw:
-        overrides.append(f"decode.seed={_whole(raw, 'seed', 0, 0, SEED_MAX)}")
+        decode["seed"] = _whole(raw, "seed", 0, 0, SEED_MAX)
     alignment = raw.get("alignment")
     if alignment is not None:
         if alignment not in ALIGNMENTS:
             raise RequestError(400, f'\'alignment\' must be "hard" or "soft", got {alignment!r}', "alignment")
-        overrides.append(f"decode.alignment={alignment}")
+        decode["alignment"] = alignment
     prefixes, constraints = _prefixes(raw, len(sources)), _constraints(raw, len(sources))
     mode = DecodeMode(
         sample is not None, beam, nbest, constraints is not None, prefixes is not None, alignment is not None,
@@ -226,7 +241,7 @@ def parse_v1(
     conflict = mode_conflict(mode, API_NAMES)
     if conflict is not None:
         raise RequestError(400, conflict[1], conflict[0])
-    job = Job(list(sources), nbest=nbest, overrides=tuple(overrides), prefixes=prefixes, constraints=constraints)
+    job = Job(list(sources), nbest=nbest, decode=decode, prefixes=prefixes, constraints=constraints)
     return V1Request(job)
 
 
