@@ -27,8 +27,9 @@ from transformer_mt.config import (
     mode_conflict,
 )
 from transformer_mt.decode.ensemble import Ensemble
+from transformer_mt.decode.lines import EmptyCount, translated_windows
 from transformer_mt.decode.load import decode_flags, load_model, override_config
-from transformer_mt.decode.translate import EmptyCount, Translator, translated_windows
+from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.protocol import Limits, RequestError, parse_v1
 

@@ -19,14 +19,9 @@ from typer.testing import CliRunner
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.decode.ensemble import Ensemble
+from transformer_mt.decode.lines import empty_outputs, read_input_lines
 from transformer_mt.decode.load import LoadError, decode_flags, override_config
-from transformer_mt.decode.translate import (
-    TranslateError,
-    Translator,
-    empty_outputs,
-    load_translator,
-    read_input_lines,
-)
+from transformer_mt.decode.translate import TranslateError, Translator, load_translator
 from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import Transformer
 

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from transformer_mt.cli import app
 from transformer_mt.config import Config
-from transformer_mt.decode import translate as translate_module
-from transformer_mt.decode.translate import TranslateError, Translator, count_lines, translate_file, windows
+from transformer_mt.decode import lines as lines_module
+from transformer_mt.decode.lines import count_lines, translate_file, windows
+from transformer_mt.decode.translate import TranslateError, Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,8 +89,8 @@ def test_lines_held_never_exceed_the_window(toy_ckpt: Path, lines, window, monke
         nonlocal written
         written += len(out)
 
-    monkeypatch.setattr(translate_module, "input_lines", counted_input)
-    monkeypatch.setattr(translate_module, "write_stdout", counted_output)
+    monkeypatch.setattr(lines_module, "input_lines", counted_input)
+    monkeypatch.setattr(lines_module, "write_stdout", counted_output)
     translate_file([toy_ckpt], input=None, device="cpu", window_lines=window)
     assert written == len(lines) == read
     assert max(held) == window  # a full window is held, never more
@@ -129,7 +130,7 @@ def test_prefix_counts_of_files_are_checked_before_the_model_loads(
 ) -> None:
     pre = tmp_path / "pre.de"
     pre.write_text("a\nb\n", encoding="utf-8")
-    monkeypatch.setattr(translate_module, "load_translator", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(lines_module, "load_translator", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(TranslateError, match=r"pre.de: 2 lines, but the input .*in.en has 25"):
         translate_file([toy_ckpt], input=src, prefix_file=pre)
 
@@ -138,4 +139,4 @@ def test_prefix_counts_of_files_are_checked_before_the_model_loads(
 def test_count_lines_counts_as_the_reader_splits(tmp_path: Path, data: bytes, expected: int) -> None:
     path = tmp_path / "f"
     path.write_bytes(data)
-    assert count_lines(path) == expected == sum(1 for _ in translate_module.input_lines(path))
+    assert count_lines(path) == expected == sum(1 for _ in lines_module.input_lines(path))

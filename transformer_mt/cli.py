@@ -679,8 +679,8 @@ def _translate_lines(
     whole) or as lines arrive (a terminal, --buffer-lines), so that each kind of input gets the mode that suits it."""
     import sys
 
+    from transformer_mt.decode.lines import translate_file
     from transformer_mt.decode.stream import stream_lines
-    from transformer_mt.decode.translate import translate_file
     from transformer_mt.files import check_output_file
 
     if output is not None:

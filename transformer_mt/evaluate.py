@@ -80,7 +80,8 @@ def evaluate_checkpoint(
     `transformer_mt.decode.load.override_config`); the n-best size is 1. ``engine`` and
     ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
     """
-    from transformer_mt.decode.translate import empty_outputs, load_translator
+    from transformer_mt.decode.lines import empty_outputs
+    from transformer_mt.decode.translate import load_translator
 
     _check_request(testset, src, ref, output)
     translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])

@@ -16,17 +16,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer_mt.decode.translate import (
+from transformer_mt.decode.lines import (
     EmptyCount,
-    TranslateError,
-    Translator,
     empty_warning,
     input_lines,
-    load_translator,
     translated_windows,
     windows,
     write_stdout,
 )
+from transformer_mt.decode.translate import TranslateError, Translator, load_translator
 
 READY = "ready: type a sentence and press Enter for its translation; Ctrl-D (end of input) or Ctrl-C to stop"
 

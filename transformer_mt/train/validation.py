@@ -24,7 +24,8 @@ from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
 from transformer_mt.data.raw_files import raw_file
-from transformer_mt.decode.translate import Translator, empty_outputs
+from transformer_mt.decode.lines import empty_outputs
+from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import out_of_memory
 from transformer_mt.metrics import corpus_sacrebleu
 from transformer_mt.train.build import max_sentence_len
