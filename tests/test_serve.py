@@ -551,3 +551,14 @@ def test_a_served_line_is_encoded_once(client, translator: Translator, lines, mo
     calls.clear()
     assert client.post("/translate", json={"q": "\n".join(lines[:2])}).status_code == 200
     assert len(calls) == 2
+
+
+def test_a_job_the_server_cannot_decode_is_refused_at_submit(translator: Translator, lines) -> None:
+    """`Batcher.submit` judges every job as `/v1/translate` does (`mode_conflict`), also one built by hand: an
+    n-best wider than the beam never joins the running search to come back short."""
+    batcher = Batcher(translator, max_batch_tokens=1000, max_wait_ms=5, queue_size=4)
+    with pytest.raises(RequestError, match=r"'nbest' \(5\) must be at least 1 and cannot exceed 'beam' \(4\)"):
+        batcher.submit(Job(lines[:1], nbest=5))
+    with pytest.raises(RequestError, match="'constraints' cannot be combined with 'prefixes'") as refused:
+        batcher.submit(Job(lines[:1], prefixes=["Ein"], constraints=[["Mann"]]))
+    assert refused.value.status == 400 and refused.value.field == "constraints" and batcher.depth() == 0

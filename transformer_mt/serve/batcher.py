@@ -45,6 +45,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformer_mt.config import API_NAMES, mode_conflict
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.errors import UserError
@@ -87,6 +88,11 @@ def encode_job(server: Translator, job: Job) -> Encoded:
     batch it would join."""
     with _refused(None):
         translator = server.with_decode(job.decode)
+    conflict = mode_conflict(
+        translator.mode(job.nbest, job.constraints is not None, any(job.prefixes or [])), API_NAMES
+    )
+    if conflict is not None:
+        raise RequestError(400, conflict[1], conflict[0])
     sources = [translator.encode(i, line) for i, line in enumerate(job.lines)]
     prefixes = phrases = None
     if any(job.prefixes or []):
