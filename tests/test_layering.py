@@ -149,11 +149,11 @@ def test_train_modules_import_only_earlier_layers_of_train(graph):
 
 # Inside checkpoint/, the same rule (docs/architecture.md, "Checkpoints"): what a checkpoint holds and where a run
 # keeps it, then its files, then the average of several files.
-CHECKPOINT_LAYERS = [("format", "run_dir"), ("io",), ("average",)]
+CHECKPOINT_LAYERS = [("format", "run_dir"), ("io",), ("mean",)]
 
 
 def test_checkpoint_modules_import_only_earlier_layers_of_checkpoint(graph):
-    assert "transformer_mt.checkpoint.average" in graph
+    assert "transformer_mt.checkpoint.mean" in graph
     assert _inner_imports_against_the_layers(graph, "transformer_mt.checkpoint", CHECKPOINT_LAYERS) == []
 
 

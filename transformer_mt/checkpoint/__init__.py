@@ -1,8 +1,7 @@
 """Checkpoints: what one holds (`format`), its files (`io`), a run directory's (`run_dir`), the average of several
-(`average`). Callers import from here; one function per action: `write_checkpoint`, `read_checkpoint`,
+(`mean`). Callers import from here; one function per action: `write_checkpoint`, `read_checkpoint`,
 `read_average`."""
 
-from transformer_mt.checkpoint.average import read_average
 from transformer_mt.checkpoint.format import (
     Batching,
     Checkpoint,
@@ -15,6 +14,7 @@ from transformer_mt.checkpoint.format import (
     to_state,
 )
 from transformer_mt.checkpoint.io import checkpoint_problem, read_checkpoint, strip_training_state, write_checkpoint
+from transformer_mt.checkpoint.mean import read_average
 from transformer_mt.checkpoint.run_dir import run_dir_checkpoint
 
 __all__ = [
