@@ -87,3 +87,14 @@ def test_the_resolved_config_prints_only_with_verbose(command: str, tmp_path: Pa
     assert quiet.exit_code == loud.exit_code == 2
     assert "# resolved config" not in quiet.output and "d_model: 512" not in quiet.output
     assert "# resolved config (tmt:base.yaml)" in loud.output and "  d_model: 512\n" in loud.output
+
+
+def test_version_prints_the_packages_version_and_runs_no_command() -> None:
+    import re
+
+    from transformer_mt import __version__
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    declared = re.search(r'^version = "(.+)"$', pyproject, re.M).group(1)
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"tmt {__version__}\n" and __version__ == declared

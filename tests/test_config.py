@@ -355,3 +355,35 @@ def test_a_value_in_a_message_is_cut_to_a_line(tmp_path):
     assert len(str(err.value)) < 300
     with pytest.raises(ConfigError, match=r"nested too deeply"):
         load_config(_yaml(tmp_path / "deep.yaml", "model:\n  heads: " + "[" * 5000 + "]" * 5000 + "\n"))
+
+
+def test_a_file_that_is_not_a_config_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """A checkpoint, a binary or a Latin-1 file given where a config goes (or as its base:) is one ConfigError
+    naming the file and what it looks like, never a UnicodeDecodeError."""
+    import torch
+
+    checkpoint = tmp_path / "average.pt"
+    torch.save({"model": {}}, checkpoint)
+    with pytest.raises(ConfigError, match=r"average\.pt: a tmt checkpoint .*not a config: pass a checkpoint with -c"):
+        load_config(checkpoint)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("train:\n  max_updates: 3  # café\n".encode("latin-1"))
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {latin}\n", encoding="utf-8")
+    for path in (latin, child):
+        with pytest.raises(ConfigError, match=r"latin\.yaml: not UTF-8 text \(byte 30 is b'\\xe9'\), so not a config"):
+            load_config(path)
+
+
+def test_a_number_of_thousands_of_digits_is_a_config_error(tmp_path: Path) -> None:
+    """Python refuses to read an int of more than 4300 digits; the config says which file or --set holds it."""
+    huge = "9" * 5000
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"train:\n  max_updates: {huge}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"huge\.yaml: a number of thousands of digits"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"--set train\.max_updates: a number of thousands of digits"):
+        load_config(None, [f"train.max_updates={huge}"])
+    path.write_text("train:\n  max_updates: 2024-13-45\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"huge\.yaml: a value that cannot be read \(month must be in 1\.\.12\)"):
+        load_config(path)

@@ -117,6 +117,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from transformer_mt import __version__
+
+        typer.echo(f"tmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print tmt's version and exit."),
+    ] = False,
+) -> None:
+    # the app's own options: --version acts in its callback, before any command runs
+    pass
+
+
 ConfigArg = Annotated[
     Path,
     typer.Argument(

@@ -405,6 +405,25 @@ def _missing_base(base: str, path: Path, referrer: Path) -> ConfigError:
     return ConfigError(f"{referrer}: base: {base} not found (looked for {path}); {hint}")
 
 
+def _bad_value(err: ValueError) -> str:
+    """A value YAML reads but Python cannot build: a number of thousands of digits, or an impossible date."""
+    if "digits" in str(err):
+        return "a number of thousands of digits, which no setting takes; write the value the setting needs"
+    return f"a value that cannot be read ({err}); write the value the setting needs"
+
+
+def _not_text(path: Path, err: UnicodeDecodeError) -> str:
+    """What a config file that is not UTF-8 text looks like: a checkpoint (a zip archive, as torch saves one), or
+    other bytes."""
+    with path.open("rb") as f:
+        if f.read(4) == b"PK\x03\x04":
+            return "a tmt checkpoint (or another zip archive), not a config: pass a checkpoint with -c"
+    return (
+        f"not UTF-8 text (byte {err.start} is {err.object[err.start : err.start + 1]!r}), so not a config: a config "
+        "is a YAML text file, e.g. one `tmt init` wrote; save it as UTF-8"
+    )
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any], str]]:
     """Read ``path`` and the files it inherits from, oldest ancestor first.
 
@@ -417,8 +436,12 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> list[tuple[dict[str, Any]
         raise ConfigError(f"{path}: 'base:' inheritance loops back to {path}")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: {_not_text(path, err)}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except ValueError as err:  # Python's limit on an int's digits, or a date YAML cannot build (2024-13-45)
+        raise ConfigError(f"{path}: {_bad_value(err)}") from None
     except RecursionError:
         raise ConfigError(
             f"{path}: values nested too deeply (hundreds of [ or {{); a config is sections of keys"
@@ -485,6 +508,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         parsed = yaml.safe_load(value) if value != "" else ""
     except (yaml.YAMLError, RecursionError):
         parsed = value
+    except ValueError as err:  # Python's limit on an int's digits, or a date YAML cannot build (2024-13-45)
+        raise ConfigError(f"--set {dotted}: {_bad_value(err)}") from None
     check_expansion(parsed, f"--set {dotted}")
     return section, key, parsed
 
