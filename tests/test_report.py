@@ -211,3 +211,36 @@ def test_what_evaluate_test_writes_is_what_report_reads(prepared_toy, tmp_path: 
     assert read_run(run).scores["newstest2014"]["sacrebleu"] == written["sacrebleu"]
     (line,) = table(report_markdown([read_run(run)]), "Runs that are no row")
     assert line["test set"] == "newstest2014" and line["sacreBLEU"] == f"{written['sacrebleu']['score']:.2f}"
+
+
+def test_a_metrics_record_of_the_wrong_type_is_passed_over_with_a_warning(
+    toy_run: Path, tmp_path: Path, capsys
+) -> None:
+    """A record with a string (or a list, or a bool) where a number belongs is named on stderr, by file and line,
+    and left out; `tmt report` and `tmt plot` read the rest instead of ending in a TypeError."""
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(toy_run / name, run / name)
+    good = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    train = next(json.loads(line) for line in good if json.loads(line)["kind"] == "train")
+    valid = next(json.loads(line) for line in good if json.loads(line)["kind"] == "valid")
+    bad = [{**train, "loss": "x"}, {**valid, "ppl": [1.0]}, {**train, "update": True}]
+    (run / "metrics.jsonl").write_text("\n".join(good + [json.dumps(r) for r in bad]) + "\n", encoding="utf-8")
+    read = read_run(run)
+    assert len(read.kind("train")) == sum(json.loads(line)["kind"] == "train" for line in good)
+    assert len(read.kind("valid")) == sum(json.loads(line)["kind"] == "valid" for line in good)
+    err = capsys.readouterr().err.splitlines()
+    n = len(good)
+    assert err == [
+        f"warning: {run / 'metrics.jsonl'}: line {n + 1}: a 'train' record whose 'loss' is 'x', not a number; the "
+        "record is passed over",
+        f"warning: {run / 'metrics.jsonl'}: line {n + 2}: a 'valid' record whose 'ppl' is [1.0], not a number; the "
+        "record is passed over",
+        f"warning: {run / 'metrics.jsonl'}: line {n + 3}: a 'train' record whose 'update' is True, not a number; the "
+        "record is passed over",
+    ]
+    assert CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.md")]).exit_code == 0
+    assert CliRunner().invoke(app, ["plot", str(run), "-o", str(tmp_path / "c.png")]).exit_code == 0

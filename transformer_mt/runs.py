@@ -19,7 +19,8 @@ without train.valid_bleu_sentences) is left out of the line.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -193,14 +194,41 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
     records: dict[str, list[dict[str, Any]]] = {}
     if not path.is_file():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "kind" in record:
-            records.setdefault(record["kind"], []).append(record)
+        if not (isinstance(record, dict) and "kind" in record):
+            continue
+        problem = record_problem(record)
+        if problem is not None:
+            print(f"warning: {path}: line {number}: {problem}; the record is passed over", file=sys.stderr)
+            continue
+        records.setdefault(str(record["kind"]), []).append(record)
     return records
+
+
+RECORDS = {kind.KIND: kind for kind in (StartRecord, TrainRecord, ValidRecord, WarningRecord, EndRecord)}
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a metrics record of a known kind cannot be read (a field of the wrong type: a string where a number
+    belongs), or None. A field it lacks is no problem (runs of older versions wrote fewer); records of other
+    kinds are kept as they are."""
+    kind = RECORDS.get(record["kind"])
+    if kind is None:
+        return None
+    for f in fields(kind):
+        value, hint = record.get(f.name), str(f.type)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if ("float" in hint or "int" in hint) and not number:
+            return f"a {kind.KIND!r} record whose {f.name!r} is {value!r}, not a number"
+        if hint == "str" and not isinstance(value, str):
+            return f"a {kind.KIND!r} record whose {f.name!r} is {value!r}, not a string"
+    return None
 
 
 def read_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
