@@ -10,7 +10,14 @@ from torch import nn
 
 from transformer_mt.checkpoint import read_average
 from transformer_mt.config import ConfigError
-from transformer_mt.decode.load import LoadError, for_decoding, load_ensemble, load_model
+from transformer_mt.decode.load import (
+    LoadError,
+    change_decode,
+    for_decoding,
+    load_ensemble,
+    load_model,
+    override_config,
+)
 from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import OneDnnLinear, onednn_available
 
@@ -73,3 +80,22 @@ def test_a_run_directory_stands_for_its_average_then_its_best(toy_ckpt: Path, tm
     shutil.copy(toy_ckpt, run / "average.pt")
     load_model([run], "cpu")
     assert f"decoding with {run / 'average.pt'}" in capsys.readouterr().err
+
+
+def test_typed_decode_changes_follow_the_override_rules(toy_ckpt: Path) -> None:
+    """A server request's typed changes settle as the same ``--set`` overrides would: a smaller beam shortens the
+    stored n-best, a sample takes no beam unless one is given, and the result is validated."""
+    cfg = override_config(load_model([toy_ckpt], "cpu").config, ["decode.beam_size=4", "decode.nbest=3"])
+    for changes, texts in (
+        ({"beam_size": 2}, ["decode.beam_size=2"]),
+        ({"sampling": "topk:5"}, ["decode.sampling=topk:5"]),
+        (
+            {"sampling": "topk:5", "beam_size": 1, "nbest": 3},
+            ["decode.sampling=topk:5", "decode.beam_size=1", "decode.nbest=3"],
+        ),
+        ({"len_penalty": 1.0}, ["decode.len_penalty=1.0"]),
+    ):
+        assert change_decode(cfg, changes) == override_config(cfg, texts), changes
+    assert change_decode(cfg, {"beam_size": 2}).decode.nbest == 2
+    with pytest.raises(ConfigError, match="takes no beam"):
+        change_decode(cfg, {"sampling": "topk:5", "beam_size": 3})

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 import torch
@@ -121,6 +122,19 @@ def override_config(cfg: Config, overrides: Sequence[str]) -> Config:
                 f"model.max_positions stays {cfg.model.max_positions}"
             )
         cfg = changed
+    return _settled(cfg, stored_nbest, nbest_given, beam_given)
+
+
+def change_decode(cfg: Config, changes: Mapping[str, Any]) -> Config:
+    """``cfg`` with typed ``changes`` to its decode section (``{"beam_size": 2}``, a server request's), by
+    `override_config`'s rules (a sample takes no beam unless one is given; a smaller beam shortens the stored
+    n-best), validated."""
+    changed = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, **changes))
+    return _settled(changed, cfg.decode.nbest, "nbest" in changes, "beam_size" in changes)
+
+
+def _settled(cfg: Config, stored_nbest: int, nbest_given: bool, beam_given: bool) -> Config:
+    """The decode section's implied values, then the whole config validated once."""
     if not beam_given and cfg.decode.sampling != "none":
         cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, beam_size=1))
     if not nbest_given:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dict, mode_conflict, validate
+from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dict, mode_conflict
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize
@@ -47,7 +46,14 @@ from transformer_mt.decode.constrained import (
 )
 from transformer_mt.decode.continuous import ContinuousSearch
 from transformer_mt.decode.ensemble import Ensemble
-from transformer_mt.decode.load import for_decoding, load_ensemble, load_model, override_config, resolve_device
+from transformer_mt.decode.load import (
+    change_decode,
+    for_decoding,
+    load_ensemble,
+    load_model,
+    override_config,
+    resolve_device,
+)
 from transformer_mt.decode.sample import sample_search
 from transformer_mt.decode.search import Hypothesis, beam_search, pad_batch
 from transformer_mt.decode.settings import SearchSettings
@@ -115,14 +121,12 @@ class Translator:
 
     def with_decode(self, changes: Mapping[str, Any]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``changes`` to its
-        decode section (``{"beam_size": 1}``), validated as a config is: per-request settings of a server.
-        Without changes, this translator itself."""
+        decode section (``{"beam_size": 1}``), applied and validated as ``--set`` overrides are (`change_decode`):
+        per-request settings of a server. Without changes, this translator itself."""
         if not changes:
             return self
-        cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **changes))
-        validate(cfg)
         other = copy.copy(self)
-        other.cfg = cfg
+        other.cfg = change_decode(self.cfg, changes)
         if self.engine_search is not None:
             other.engine_search = copy.copy(self.engine_search)
             other.engine_search.cfg = other.cfg
