@@ -610,6 +610,26 @@ ConstraintsOpt = Annotated[
 ]
 
 
+SrcLangOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--src-lang",
+        help="The language of the input, for a model of several directions (data.directions), e.g. fr; needed "
+        "only when several of its sources translate into --tgt-lang.",
+        show_default=False,
+    ),
+]
+TgtLangOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tgt-lang",
+        help="The language to translate into, for a model of several directions (data.directions), e.g. de; a "
+        "pair of its languages it was never trained on is translated with a warning (zero-shot).",
+        show_default=False,
+    ),
+]
+
+
 @app.command(context_settings={"allow_extra_args": True})  # a file given without -i: named in the error
 def translate(
     ctx: typer.Context,
@@ -633,6 +653,8 @@ def translate(
     window_lines: WindowLinesOpt = 10_000,
     buffer_lines: BufferLinesOpt = None,
     constraints: ConstraintsOpt = False,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
 ) -> None:
@@ -654,7 +676,8 @@ def translate(
     Examples: tmt translate -c runs/base/average.pt -i newstest2014.en -o out.de;
     an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
     a line in, a line out: tmt translate -c avg.pt --buffer-lines 1;
-    with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints
+    with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints;
+    a model of several directions: tmt translate -c avg.pt --src-lang fr --tgt-lang de < in.fr
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     _check_translate_args(ctx.args, checkpoint, constraints, engine, ensemble, prefix_file is not None)
@@ -665,7 +688,7 @@ def translate(
     )  # fmt: skip
     settings = dict(
         device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file,
-        constraints=constraints,
+        constraints=constraints, languages=(src_lang, tgt_lang),
     )  # fmt: skip
     _translate_lines(checkpoint, input, output, window_lines, buffer_lines, settings)
 

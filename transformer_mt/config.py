@@ -18,6 +18,7 @@ import difflib
 import json
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,14 @@ class DataConfig:
     dir: str = "prepared/wmt14_en_de"  # where `tmt prepare` writes BPE model and binarized splits
     max_len: int = 250  # drop training pairs with more whitespace tokens on either side
     max_ratio: float = 1.5  # drop training pairs whose length ratio exceeds this (Moses clean-corpus)
+    # Several languages in one model: "src-tgt" directions (e.g. [en-de, de-en, en-fr]) read from the train, valid
+    # and test prefixes as multi-way parallel files ({prefix}.en, {prefix}.de, {prefix}.fr: line N of each is the
+    # same sentence); each source gets a token naming its target language (<2de>). [] (the default): the one pair
+    # src_lang -> tgt_lang, as the paper. With directions, src_lang and tgt_lang are not read.
+    directions: list[str] = field(default_factory=list)
+    # With directions: each epoch draws from direction i in proportion to n_i^(1/temperature) (n_i: its training
+    # pairs; Arivazhagan et al. 2019); 1: in proportion to the data, larger: closer to uniform
+    temperature: float = 1.0
     synth: bool = False  # generate the embedded toy corpus at the `train` prefix when it is missing
     synth_pairs: int = 50_000  # training pairs of the generated toy corpus
     workers: int = 0  # encoding processes; 0 means one per CPU core
@@ -330,6 +339,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"{where}: expected a number, got {shown(value)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list (e.g. [en-de, de-en]), got {shown(value)}")
+        (item,) = typing.get_args(hint)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if hint is str:
         if isinstance(value, str):
             return value
@@ -561,6 +575,9 @@ def validate(cfg: Config) -> None:
     }.items():
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
+    for key, on in (("bpe.sampling_alpha", cfg.bpe.sampling_alpha > 0), ("data.synth", cfg.data.synth)):
+        if cfg.data.directions and on:
+            raise ConfigError(f"{key} works with one language pair, not yet with data.directions; turn it off")
     _validate_schedule(cfg.train)
     _validate_optimizer(cfg)
     _validate_decode(cfg.decode)
@@ -688,10 +705,26 @@ def _validate_sampling(d: DecodeConfig) -> None:
 
 
 def _validate_data(d: DataConfig) -> None:
-    """The training and validation prefixes are required; an empty data.test means no test split."""
+    """The training and validation prefixes are required; an empty data.test means no test split. Directions
+    read "src-tgt" with two different language codes, each once."""
     for key in ("train", "valid"):
         if not getattr(d, key):
             raise ConfigError(f"data.{key} is empty; it must name the {key} files' prefix (only data.test may be '')")
+    for text in d.directions:
+        src, sep, tgt = text.partition("-")
+        if not (sep and LANG_CODE.fullmatch(src) and LANG_CODE.fullmatch(tgt)) or src == tgt:
+            raise ConfigError(
+                f"data.directions: {shown(text)} is not a direction; write source-target with two different "
+                "language codes, the files' suffixes (e.g. en-de)"
+            )
+    if len(set(d.directions)) != len(d.directions):
+        twice = next(x for x in d.directions if d.directions.count(x) > 1)
+        raise ConfigError(f"data.directions lists {twice} twice; list each direction once")
+    if not (math.isfinite(d.temperature) and d.temperature > 0):
+        raise ConfigError(f"data.temperature must be above 0 (1: in proportion to the data), got {d.temperature}")
+
+
+LANG_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")  # a language code as file suffixes spell it: en, zh_Hant
 
 
 def _validate_validation(tc: TrainConfig) -> None:

@@ -100,6 +100,9 @@ class ValidRecord(Record):
     empty_hypotheses: int | None = None
     bleu_seconds: float | None = None
     best_bleu: float | None = None
+    # data.directions: each direction's figures ({"en-de": {"loss": ..., "nll": ..., "ppl": ..., "bleu": ...}});
+    # loss, nll and bleu above are then their means
+    directions: dict[str, dict[str, float]] | None = None
 
 
 @dataclass
@@ -222,6 +225,10 @@ def record_problem(record: dict[str, Any]) -> str | None:
     for f in fields(kind):
         value, hint = record.get(f.name), str(f.type)
         if value is None:
+            continue
+        if hint.startswith("dict"):
+            if not isinstance(value, dict):
+                return f"a {kind.KIND!r} record whose {f.name!r} is {value!r}, not a mapping"
             continue
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if ("float" in hint or "int" in hint) and not number:

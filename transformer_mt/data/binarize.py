@@ -134,7 +134,7 @@ def encode_split(
     ``workers`` processes encode chunks in parallel (1: in this process).
     Returns the source and target tokens, ``<unk>`` among them.
     """
-    bar = tqdm(total=pairs, desc=f"encode {src_text.name.split('.')[0]}", unit="pairs", leave=False)
+    bar = tqdm(total=pairs, desc=f"encode {src_text.name.rsplit('.', 2)[0]}", unit="pairs", leave=False)
     totals = TokenCounts()
 
     def write(result: tuple[np.ndarray, ...]) -> None:

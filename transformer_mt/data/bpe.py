@@ -30,7 +30,12 @@ class BpeError(UserError):
 
 
 def train_bpe(
-    sample_file: Path, model_prefix: Path, vocab_size: int, character_coverage: float, num_threads: int = 1
+    sample_file: Path,
+    model_prefix: Path,
+    vocab_size: int,
+    character_coverage: float,
+    num_threads: int = 1,
+    symbols: list[str] | None = None,
 ) -> Path:
     """Learn a joint BPE model from ``sample_file`` (one normalized sentence per line).
 
@@ -59,6 +64,7 @@ def train_bpe(
             max_sentence_length=1 << 16,
             num_threads=max(1, num_threads),
             minloglevel=2,
+            **({"user_defined_symbols": symbols} if symbols else {}),
         )
     except RuntimeError as err:
         raise BpeError(_explain(str(err), vocab_size)) from None

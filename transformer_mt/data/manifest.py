@@ -9,7 +9,7 @@ the key order it has always had, so that the same inputs write the same bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MANIFEST = "manifest.json"
@@ -102,11 +102,14 @@ class Manifest:
     config_hash: str  # `prepare.prepare_hash`: the data and bpe keys that change the output
     config: dict[str, Any]  # {"data": ..., "bpe": ...} as given, for reading
     inputs: dict[str, InputFile]  # by path, as the config spells it
-    splits: dict[str, SplitStats]  # train, valid and test (when there is one), in that order
+    splits: dict[
+        str, SplitStats
+    ]  # train, valid and test (when there is one), in that order; per direction: train.en-de
     files: list[str]  # names in data.dir
     seconds: dict[str, float]  # per step: clean, bpe, encode
     workers: int
     bpe_model: GivenBpe | None = None  # set with bpe.model; None when the BPE model was learned
+    directions: list[str] = field(default_factory=list)  # data.directions; [] for one pair (and in older manifests)
 
     def to_dict(self) -> dict[str, Any]:
         given = (
@@ -114,20 +117,24 @@ class Manifest:
             if self.bpe_model is None
             else {"bpe_model": {"path": self.bpe_model.path, "sha256": self.bpe_model.sha256}}
         )
-        return given | {
-            "format": self.format,
-            "src_lang": self.src_lang,
-            "tgt_lang": self.tgt_lang,
-            "vocab_size": self.vocab_size,
-            "ids_dtype": self.ids_dtype,
-            "config_hash": self.config_hash,
-            "config": self.config,
-            "inputs": {path: f.to_dict() for path, f in self.inputs.items()},
-            "splits": {name: s.to_dict() for name, s in self.splits.items()},
-            "files": list(self.files),
-            "seconds": dict(self.seconds),
-            "workers": self.workers,
-        }
+        return (
+            given
+            | {
+                "format": self.format,
+                "src_lang": self.src_lang,
+                "tgt_lang": self.tgt_lang,
+                "vocab_size": self.vocab_size,
+                "ids_dtype": self.ids_dtype,
+                "config_hash": self.config_hash,
+                "config": self.config,
+                "inputs": {path: f.to_dict() for path, f in self.inputs.items()},
+                "splits": {name: s.to_dict() for name, s in self.splits.items()},
+                "files": list(self.files),
+                "seconds": dict(self.seconds),
+                "workers": self.workers,
+            }
+            | ({"directions": list(self.directions)} if self.directions else {})
+        )
 
     def to_json(self) -> str:
         """The text of ``manifest.json``."""
@@ -155,6 +162,7 @@ class Manifest:
             seconds=_get(raw, "seconds", dict),
             workers=_get(raw, "workers", int),
             bpe_model=None if given is None else GivenBpe(_get(given, "path", str), _get(given, "sha256", str)),
+            directions=_get(raw, "directions", list, []),
         )
 
 

@@ -51,6 +51,7 @@ from transformer_mt.data.bpe import (
     write_vocab,
 )
 from transformer_mt.data.dataset import split_paths
+from transformer_mt.data.directions import directions, languages, multilingual, split_name, tag_symbols
 from transformer_mt.data.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -74,28 +75,52 @@ class PrepareError(UserError):
 
 @dataclass(frozen=True)
 class SplitFiles:
-    """One split's two parallel files and the config key that names them."""
+    """One split's two parallel files (of one direction), and the config key that names them."""
 
-    name: str  # train, valid or test
+    name: str  # train, valid or test; with data.directions, of one direction: train.en-de
     src: Path
     tgt: Path
     key: str  # e.g. data.train
+    split: str = ""  # train, valid or test ("": the name)
+    src_lang: str = ""
+    tgt_lang: str = ""
+
+    @property
+    def training(self) -> bool:
+        return (self.split or self.name) == "train"
 
 
 def split_files(cfg: Config) -> list[SplitFiles]:
-    """The splits the config names; ``data.test: ""`` means no test split."""
+    """The splits the config names, each direction's in turn; ``data.test: ""`` means no test split."""
     d = cfg.data
     prefixes = {"train": d.train, "valid": d.valid, "test": d.test}
     return [
-        SplitFiles(name, raw_file(prefix, d.src_lang), raw_file(prefix, d.tgt_lang), f"data.{name}")
+        SplitFiles(
+            split_name(name, d, way),
+            raw_file(prefix, way.src),
+            raw_file(prefix, way.tgt),
+            f"data.{name}",
+            name,
+            way.src,
+            way.tgt,
+        )  # fmt: skip
         for name, prefix in prefixes.items()
         if prefix
+        for way in directions(d)
     ]
 
 
+NEW_DATA_KEYS = {"directions": [], "temperature": 1.0}  # outside the hash at these values: data prepared before
+
+
 def prepare_hash(cfg: Config) -> str:
-    """Hash of the config keys that change the prepared data (``data.workers`` does not)."""
-    return config_hash(dataclasses.replace(cfg.data, workers=0)) + _bpe_hash(cfg)
+    """Hash of the config keys that change the prepared data (``data.workers`` does not; nor ``data.directions``
+    and ``data.temperature`` at their defaults, so that data prepared before they existed stays up to date)."""
+    data = dataclasses.asdict(dataclasses.replace(cfg.data, workers=0))
+    for key, default in NEW_DATA_KEYS.items():
+        if data[key] == default:
+            del data[key]
+    return config_hash(data) + _bpe_hash(cfg)
 
 
 def _bpe_hash(cfg: Config) -> str:
@@ -185,9 +210,14 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
     """Every step into the work directory; returns the manifest (not yet written)."""
     workers = cfg.data.workers or choose_threads().count  # the CPUs this process may use (quota, affinity)
     seconds, start = {}, time.perf_counter()
-    stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)].lines) for s in splits}
+    sample, size = None if cfg.bpe.model else BpeSample(cfg), 0  # a given BPE model needs no sample
+    stats = {s.name: _clean_checked(s, cfg, work, fingerprints[str(s.src)].lines, sample) for s in splits}
+    if sample is not None:
+        size = sample.write(work / "bpe_sample.txt")
+        first = split_name("train", cfg.data, directions(cfg.data)[0])
+        stats[first] = dataclasses.replace(stats[first], bpe_sample=size)
     seconds["clean"] = time.perf_counter() - start
-    vocab_size = _copy_bpe(work, cfg) if cfg.bpe.model else _learn_bpe(work, cfg, stats["train"].bpe_sample, workers)
+    vocab_size = _copy_bpe(work, cfg) if cfg.bpe.model else _learn_bpe(work, cfg, size, workers)
     seconds["bpe"] = time.perf_counter() - start - seconds["clean"]
     dtype = np.uint16 if vocab_size < 65536 else np.int32
     files = [MODEL_NAME, VOCAB_NAME]
@@ -202,10 +232,12 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
             os.replace(work / f"kept.{side}", work / name)
         files += train_text_files(cfg)
     seconds["encode"] = time.perf_counter() - start - seconds["clean"] - seconds["bpe"]
+    first = directions(cfg.data)[0]
     return Manifest(
         format=FORMAT_VERSION,
-        src_lang=cfg.data.src_lang,
-        tgt_lang=cfg.data.tgt_lang,
+        src_lang=first.src,
+        tgt_lang=first.tgt,
+        directions=list(cfg.data.directions),
         vocab_size=vocab_size,
         ids_dtype=np.dtype(dtype).name,
         config_hash=prepare_hash(cfg),
@@ -219,8 +251,8 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
     )
 
 
-def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> SplitStats:
-    stats = _clean_split(s, cfg, work, lines)
+def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int, sample: BpeSample | None) -> SplitStats:
+    stats = _clean_split(s, cfg, work, lines, sample if s.training else None)
     if stats.sentences == 0:
         raise PrepareError(_empty_message(s, stats))
     return stats
@@ -228,8 +260,12 @@ def _clean_checked(s: SplitFiles, cfg: Config, work: Path, lines: int) -> SplitS
 
 def _learn_bpe(work: Path, cfg: Config, sample_size: int, workers: int) -> int:
     """Train sentencepiece on the sample into ``work/spm.{model,vocab}``; returns the vocabulary size."""
-    _say(f"learning a joint BPE of {cfg.bpe.vocab_size} pieces from {sample_size} sentences")
-    model = train_bpe(work / "bpe_sample.txt", work / "spm", cfg.bpe.vocab_size, cfg.bpe.character_coverage, workers)
+    symbols = tag_symbols(cfg.data)
+    tags = f" ({len(symbols)} target tags among them)" if symbols else ""
+    _say(f"learning a joint BPE of {cfg.bpe.vocab_size} pieces{tags} from {sample_size} sentences")
+    model = train_bpe(
+        work / "bpe_sample.txt", work / "spm", cfg.bpe.vocab_size, cfg.bpe.character_coverage, workers, symbols
+    )
     os.replace(model, work / MODEL_NAME)
     os.replace(work / "spm.vocab", work / VOCAB_NAME)
     return load_bpe(work / MODEL_NAME).get_piece_size()
@@ -258,8 +294,8 @@ def _binarize_split(
     work: Path, cfg: Config, s: SplitFiles, pairs: int, dtype: type, workers: int
 ) -> tuple[list[str], binarize.TokenCounts]:
     """Encode one split's cleaned text into ids + offsets arrays; returns their names and the tokens counted."""
-    d = cfg.data
-    writers = [binarize.SideWriter(*split_paths(work, s.name, lang), dtype) for lang in (d.src_lang, d.tgt_lang)]
+    langs = (s.src_lang, s.tgt_lang)
+    writers = [binarize.SideWriter(*split_paths(work, s.name, lang), dtype) for lang in langs]
     try:
         counts = binarize.encode_split(
             work / MODEL_NAME,
@@ -272,7 +308,7 @@ def _binarize_split(
     finally:
         for w in writers:
             w.close()
-    return [p.name for lang in (d.src_lang, d.tgt_lang) for p in split_paths(work, s.name, lang)], counts
+    return [p.name for lang in langs for p in split_paths(work, s.name, lang)], counts
 
 
 # ---------------------------------------------------------------- inputs
@@ -310,10 +346,11 @@ def _check_present(cfg: Config, splits: list[SplitFiles]) -> None:
     for s in splits:
         for path in (s.src, s.tgt):
             if not path.is_file():
+                langs = "data.directions" if multilingual(cfg.data) else "data.src_lang or data.tgt_lang"
                 raise PrepareError(
-                    f"missing input file {path}: {s.key} is {str(s.src)[: -len(cfg.data.src_lang) - 1]!r}, so prepare "
-                    f"reads {s.src} and {s.tgt} (relative to {Path.cwd()}); fix {s.key}, data.src_lang or "
-                    f"data.tgt_lang{_missing_hint(cfg, path)}"
+                    f"missing input file {path}: {s.key} is {str(s.src)[: -len(s.src_lang) - 1]!r}, so prepare "
+                    f"reads {s.src} and {s.tgt} (relative to {Path.cwd()}); fix {s.key}, "
+                    f"{langs}{_missing_hint(cfg, path)}"
                 )
 
 
@@ -391,14 +428,13 @@ def _up_to_date(manifest: Manifest, cfg: Config, fingerprints: dict[str, InputFi
 # ---------------------------------------------------------------- cleaning
 
 
-def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> SplitStats:
-    """Normalize and filter one split into ``work/{split}.{src,tgt}.txt``; sample BPE input from train.
+def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int, sample: BpeSample | None) -> SplitStats:
+    """Normalize and filter one split into ``work/{split}.{src,tgt}.txt``, adding its sentences to ``sample``.
 
     Returns the counts: pairs read, kept (``sentences``) and dropped per reason.
     """
-    train = s.name == "train"
-    learn = train and not cfg.bpe.model  # a given BPE model needs no sample
-    reservoir = Reservoir(cfg.bpe.sample_sentences, random.Random(cfg.bpe.seed)) if learn else None
+    train = s.training
+    take_src, take_tgt = (False, False) if sample is None else (sample.claim(s.src), sample.claim(s.tgt))
     dropped: Counter[str] = Counter()
     read = kept = 0
     src_in, tgt_in = clean.read_lines(s.src), clean.read_lines(s.tgt)
@@ -417,12 +453,12 @@ def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int) -> SplitSta
             fs.write(src + "\n")
             ft.write(tgt + "\n")
             kept += 1
-            if reservoir is not None:
-                reservoir.add(src)
-                reservoir.add(tgt)
+            if take_src:
+                sample.add(s.src_lang, src)
+            if take_tgt:
+                sample.add(s.tgt_lang, tgt)
         bar.update(read % 4096)
-    sample = reservoir.write(work / "bpe_sample.txt") if reservoir is not None else None
-    return SplitStats(read=read, sentences=kept, dropped=dict(dropped), bpe_sample=sample)
+    return SplitStats(read=read, sentences=kept, dropped=dict(dropped))
 
 
 def _clean_pair(
@@ -437,6 +473,43 @@ def _clean_pair(
         dropped[reason] += 1
         return None, None
     return src, tgt
+
+
+class BpeSample:
+    """The sentences BPE is learned from: ``bpe.sample_sentences`` of the cleaned training text, seeded.
+
+    One pair: one reservoir over both sides, as always. Several languages:
+    an equal share per language, so that the language with the most text
+    does not take the vocabulary, and each input file is read into it once
+    (a multi-way parallel file serves several directions).
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        k, seed = cfg.bpe.sample_sentences, cfg.bpe.seed
+        if multilingual(cfg.data):
+            langs = languages(cfg.data)
+            self.pools = {lang: Reservoir(k // len(langs), random.Random(f"{seed}-{lang}")) for lang in langs}
+        else:
+            one = Reservoir(k, random.Random(seed))
+            self.pools = {cfg.data.src_lang: one, cfg.data.tgt_lang: one}
+        self.claimed: set[Path] = set()
+
+    def claim(self, path: Path) -> bool:
+        """Whether the sentences of input file ``path`` go in: yes the first time it is asked."""
+        fresh = path not in self.claimed
+        self.claimed.add(path)
+        return fresh
+
+    def add(self, lang: str, sentence: str) -> None:
+        self.pools[lang].add(sentence)
+
+    def write(self, path: Path) -> int:
+        """Write the sample one sentence a line, language after language; returns how many."""
+        pools = list({id(pool): pool for pool in self.pools.values()}.values())
+        with open(path, "w", encoding="utf-8") as f:
+            for pool in pools:
+                f.writelines(item + "\n" for item in pool.items)
+        return sum(len(pool.items) for pool in pools)
 
 
 class Reservoir:

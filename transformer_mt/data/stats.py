@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
+from transformer_mt.data.bpe import MODEL_NAME, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.directions import multilingual
+from transformer_mt.data.mix import CorpusMix, direction_parts, temperature_shares
 from transformer_mt.data.prepare import PrepareError, load_manifest, unk_note
 
 PERCENTILES = (50, 90, 99)
@@ -42,7 +47,8 @@ def format_stats(cfg: Config) -> str:
     d = cfg.data
     lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest.vocab_size}, ids stored as {manifest.ids_dtype}"]
     for split, st in manifest.splits.items():
-        ds = ParallelDataset(d.dir, split, d.src_lang, d.tgt_lang)
+        src, _, tgt = split.rpartition(".")[2].partition("-") if multilingual(d) else (d.src_lang, "", d.tgt_lang)
+        ds = ParallelDataset(d.dir, split, src, tgt)
         dropped = ", ".join(f"{r} {n}" for r, n in st.dropped.items()) or "none"
         lines.append(
             f"  {split}: {len(ds):,} pairs ({st.read:,} read, dropped: {dropped}); "
@@ -50,12 +56,33 @@ def format_stats(cfg: Config) -> str:
         )
         lines.append(_length_line("source", ds.src_lens))
         lines.append(_length_line("target", ds.tgt_lens))
-    lines.append(_batch_line(cfg))
+    train = _training_set(cfg)
+    if isinstance(train, CorpusMix):
+        lines.append(_shares_line(cfg, train))
+    lines.append(_batch_line(cfg, train))
     return "\n".join(lines)
 
 
-def _batch_line(cfg: Config) -> str:
-    ds = ParallelDataset(cfg.data.dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
+def _training_set(cfg: Config) -> ParallelDataset | CorpusMix:
+    """The training pairs: the one pair's, or every direction's behind its tag."""
+    d = cfg.data
+    if not multilingual(d):
+        return ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
+    return CorpusMix(list(direction_parts(Path(d.dir), d, "train", load_bpe(Path(d.dir) / MODEL_NAME)).values()))
+
+
+def _shares_line(cfg: Config, train: CorpusMix) -> str:
+    """Each direction's share of an epoch at data.temperature (`temperature_shares`) beside its share of the data."""
+    t = cfg.data.temperature
+    shares = temperature_shares(train.sizes, t)
+    each = ", ".join(
+        f"{name} {share:.1%} ({size:,} pairs, {size / train.sizes.sum():.1%} of the data)"
+        for name, share, size in zip(cfg.data.directions, shares, train.sizes, strict=True)
+    )
+    return f"  each epoch at data.temperature={t:g}: {each}"
+
+
+def _batch_line(cfg: Config, ds: ParallelDataset | CorpusMix) -> str:
     max_tokens = cfg.train.max_tokens
     order = ordered_indices(ds.src_lens, ds.tgt_lens, (cfg.train.seed, 1))
     max_len = min(max_tokens, cfg.model.max_positions)  # what training skips, see trainer.max_sentence_len

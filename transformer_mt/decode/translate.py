@@ -36,6 +36,7 @@ from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dic
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize
+from transformer_mt.data.directions import choose, multilingual, source_prefix, zero_shot
 from transformer_mt.decode.align import alignments
 from transformer_mt.decode.constrained import (
     check_lengths,
@@ -118,6 +119,17 @@ class Translator:
         self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
+        self.direction = choose(cfg.data, None, None) if not multilingual(cfg.data) else None  # `toward` sets it
+        self.source_prefix: list[int] = []  # ids every source starts with: a multilingual model's target tag
+
+    def toward(self, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang") -> Translator:
+        """This translator (nothing loaded again) translating ``src`` into ``tgt``; a model of several directions
+        needs the target (`choose`: a DirectionError names the model's languages), a model of one pair neither."""
+        direction = choose(self.cfg.data, src, tgt, where)
+        other = copy.copy(self)
+        other.direction = direction
+        other.source_prefix = [int(i) for i in source_prefix(self.cfg.data, self.bpe, direction.tgt)]
+        return other
 
     def with_decode(self, changes: Mapping[str, Any]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``changes`` to its
@@ -282,8 +294,10 @@ class Translator:
         text = normalize(line)
         if not text:
             return []
+        if self.direction is None:
+            raise TranslateError("this model translates several directions: choose one (--src-lang, --tgt-lang)")
         ids = self.bpe.encode(text, out_type=int)
-        limit = self.cfg.model.max_positions - 1
+        limit = self.cfg.model.max_positions - 1 - len(self.source_prefix)
         if len(ids) > limit:
             tqdm.write(
                 f"warning: line {index + 1}: {len(ids)} BPE tokens, more than the model's max_positions "
@@ -291,7 +305,7 @@ class Translator:
                 file=sys.stderr,
             )
             ids = ids[:limit]
-        return ids + [EOS]
+        return self.source_prefix + ids + [EOS]
 
     def encode_prefix(self, index: int, text: str, source: list[int], origin: str = "prefix") -> list[int]:
         """The target ids that line ``index`` (0-based) must start with: ``text`` normalized and BPE-encoded
@@ -454,16 +468,30 @@ def load_translator(
     ensemble: bool = False,
     device: str | torch.device | None = None,
     overrides: Sequence[str] = (),
+    languages: tuple[str | None, str | None] = (None, None),
 ) -> Translator:
     """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
 
     ``ensemble``: several checkpoints decode together instead of being
     averaged (tmt's search only). ``overrides``: ``--set`` texts, the
-    decoding flags included (`decode_flags`).
+    decoding flags included (`decode_flags`). ``languages``: the source and
+    target (``--src-lang``, ``--tgt-lang``), needed by a model of several
+    directions (`Translator.toward`); a direction it was never trained on is
+    translated with a warning (zero-shot).
     """
     check_mode(DecodeMode(engine=engine, ensemble=ensemble))
     if engine == "ctranslate2":
-        return Translator.from_ctranslate2(paths, device, overrides)
-    if engine != "pytorch":
+        translator = Translator.from_ctranslate2(paths, device, overrides)
+    elif engine != "pytorch":
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    return Translator.from_checkpoints(paths, device, overrides, ensemble=ensemble)
+    else:
+        translator = Translator.from_checkpoints(paths, device, overrides, ensemble=ensemble)
+    translator = translator.toward(*languages)
+    if translator.direction is not None and zero_shot(translator.cfg.data, translator.direction):
+        trained = ", ".join(translator.cfg.data.directions)
+        tqdm.write(
+            f"warning: the model was never trained on {translator.direction.name} (it was on {trained}): "
+            "translating zero-shot; check that the output is in the language asked for",
+            file=sys.stderr,
+        )
+    return translator

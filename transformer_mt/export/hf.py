@@ -281,7 +281,7 @@ def _json(value: Any) -> bytes:
 def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = False) -> tuple[Path, list[str]]:
     """Write the transformers directory of ``checkpoints`` (several are averaged) to ``out``; returns it and what
     `generate` cannot express of the checkpoint's decoding settings."""
-    from transformer_mt.export import ExportError, atomic_directory
+    from transformer_mt.export import ExportError, atomic_directory, check_one_pair
 
     try:
         from safetensors.torch import save_file
@@ -294,6 +294,7 @@ def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = 
     paths = [Path(p) for p in checkpoints]
     loaded = load_model(paths, device="cpu", overrides=["decode.quantize=none"])
     check_marian(loaded.config.model)
+    check_one_pair(loaded.config, "hf")
     tokenizer = tokenizer_files(loaded.spm_model, loaded.config)
     check_normalization(tokenizer["source.spm"], loaded.spm_model)
     generation, gaps = generation_config(loaded.config)

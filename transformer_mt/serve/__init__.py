@@ -61,6 +61,7 @@ def serve(
     require_web_stack()
     import uvicorn
 
+    from transformer_mt.data.directions import DirectionError
     from transformer_mt.decode.translate import load_translator
     from transformer_mt.serve.app import ServerInfo, build_app
     from transformer_mt.serve.batcher import Batcher
@@ -73,7 +74,13 @@ def serve(
             raise ServeError(f"{name} must be at least 1, got {value}")
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
-    translator = load_translator(checkpoints, engine, False, device, overrides)
+    try:
+        translator = load_translator(checkpoints, engine, False, device, overrides)
+    except DirectionError as err:  # a model of several directions: which one a request wants is not routed yet
+        raise ServeError(
+            f"tmt serve answers one language pair per model, and {checkpoints[0]} has several ({err}); serve a "
+            "model of one pair, or translate with tmt translate --src-lang/--tgt-lang"
+        ) from None
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize, threads)

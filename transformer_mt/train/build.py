@@ -8,7 +8,7 @@ rank before drawing anything else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,6 +20,8 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import too_long
 from transformer_mt.data.bpe import PAD, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.directions import multilingual
+from transformer_mt.data.mix import CorpusMix, direction_parts
 from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.distributed import DistEnv
@@ -38,22 +40,30 @@ class RunData:
     """The prepared data of a run and what the trainer derives from it once."""
 
     dir: Path  # data.dir, prepared
-    train: ParallelDataset
-    valid: ParallelDataset
+    train: ParallelDataset | CorpusMix  # with data.directions, every direction's pairs behind their tags
+    valid: ParallelDataset | CorpusMix
     spm_model: bytes  # the sentencepiece model, stored in every checkpoint
     vocab_size: int
     max_len: int  # `max_sentence_len`: longer sentences are left out of training and validation
     too_long: dict[str, int]  # sentences left out, per split ("train", "valid")
     batching: Batching  # `batching_key`: what decides the epoch's batch order besides epoch and world size
+    valid_directions: dict[str, CorpusMix] = field(default_factory=dict)  # data.directions: each one's valid split
 
 
 def load_run_data(cfg: Config, env: DistEnv) -> RunData:
     """Open ``data.dir`` (prepared by rank 0 when needed, `prepare_on_rank0`) memory-mapped."""
     data_dir = prepare_on_rank0(cfg, env)
-    train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
-    valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
     spm_path = data_dir / "spm.model"
     max_len = max_sentence_len(cfg)
+    valid_directions = {}
+    if multilingual(cfg.data):
+        bpe = load_bpe(spm_path)
+        parts = {split: direction_parts(data_dir, cfg.data, split, bpe) for split in ("train", "valid")}
+        train, valid = CorpusMix(list(parts["train"].values())), CorpusMix(list(parts["valid"].values()))
+        valid_directions = {name: CorpusMix([part]) for name, part in parts["valid"].items()}
+    else:
+        train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
+        valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
     return RunData(
         dir=data_dir,
         train=train,
@@ -68,6 +78,7 @@ def load_run_data(cfg: Config, env: DistEnv) -> RunData:
         batching=batching_key(
             train.src_lens, train.tgt_lens, cfg.train.max_tokens, cfg.train.seed, max_len, cfg.bpe.sampling_alpha
         ),
+        valid_directions=valid_directions,
     )
 
 

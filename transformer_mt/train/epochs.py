@@ -19,10 +19,12 @@ from transformer_mt.config import Config
 from transformer_mt.cpus import choose_threads
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.dataset import Batch, ParallelDataset, collate, pad_to_multiple
+from transformer_mt.data.mix import CorpusMix, epoch_selection
 from transformer_mt.train.build import RunData
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.step import TrainError
 
+Pairs = ParallelDataset | CorpusMix
 Group = tuple[list[np.ndarray], int, int]  # one update's batch indices, and the (epoch, position) after it
 
 
@@ -32,11 +34,14 @@ class Epochs:
     def __init__(self, cfg: Config, env: DistEnv, data: RunData) -> None:
         self.cfg, self.env, self.data = cfg, env, data
         self._cache: dict[int, list[np.ndarray]] = {}  # the current and the next epoch (batches are read ahead)
-        self._sampled: dict[int, ParallelDataset] = {}  # bpe.sampling_alpha: those epochs' training sets
+        self._sampled: dict[int, Pairs] = {}  # bpe.sampling_alpha or data.temperature: those epochs' training sets
 
-    def dataset(self, epoch: int) -> ParallelDataset:
-        """The training set of ``epoch``: the prepared one, or with ``bpe.sampling_alpha`` its own encoding."""
+    def dataset(self, epoch: int) -> Pairs:
+        """The training set of ``epoch``: the prepared one, with ``bpe.sampling_alpha`` its own encoding, with
+        ``data.directions`` the pairs it draws from each direction."""
         alpha = self.cfg.bpe.sampling_alpha
+        if isinstance(self.data.train, CorpusMix):
+            return self._mixed(epoch, self.data.train)
         if alpha <= 0:
             return self.data.train
         if epoch in self._sampled:
@@ -66,6 +71,15 @@ class Epochs:
             )
         self._sampled = {e: d for e, d in self._sampled.items() if e >= epoch - 1} | {epoch: sampled.dataset}
         return sampled.dataset
+
+    def _mixed(self, epoch: int, mix: CorpusMix) -> CorpusMix:
+        """The directions' pairs ``epoch`` draws at data.temperature (`epoch_selection`); all of them at 1."""
+        selection = epoch_selection(mix.sizes, self.cfg.data.temperature, self.cfg.train.seed, epoch)
+        if selection is None:
+            return mix
+        if epoch not in self._sampled:
+            self._sampled = {e: d for e, d in self._sampled.items() if e >= epoch - 1} | {epoch: mix.select(selection)}
+        return self._sampled[epoch]
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of ``epoch``; the epoch before it is the oldest one kept."""

@@ -163,13 +163,27 @@ class RunLog:
                 file=sys.stderr,
             )
 
-    def valid(self, p: TrainingProgress, loss: float, nll: float, bleu: dict[str, Any] | None, minutes: float) -> None:
-        """A ``valid`` record in metrics.jsonl and a line on stderr (rank 0)."""
+    def valid(
+        self,
+        p: TrainingProgress,
+        loss: float,
+        nll: float,
+        bleu: dict[str, Any] | None,
+        minutes: float,
+        by_direction: dict[str, dict[str, float]] | None = None,
+    ) -> None:
+        """A ``valid`` record in metrics.jsonl and a line on stderr (rank 0); with several directions, each one's
+        figures too (``by_direction``: loss, nll, ppl and bleu per direction)."""
         assert self.files is not None
         tc = self.cfg.train
+        if bleu is not None and "directions" in bleu:  # ValidBleu's score of each direction
+            bleu = dict(bleu)
+            by_direction = {name: {**d, "bleu": bleu["directions"][name]} for name, d in (by_direction or {}).items()}
+            del bleu["directions"]
         record = ValidRecord(
             update=p.update, epoch=p.epoch, loss=loss, nll=nll, ppl=perplexity(nll), best_loss=p.best_valid_loss,
             minutes=minutes, **(bleu or {}), best_bleu=p.best_valid_bleu if bleu is not None else None,
+            directions=by_direction or None,
         )  # fmt: skip
         line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
         if bleu is not None:
@@ -179,6 +193,11 @@ class RunLog:
             )
         if tc.patience > 0:
             line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
+        if by_direction:
+            line += "; " + ", ".join(
+                f"{name} ppl {d['ppl']:.2f}" + (f" bleu {d['bleu']:.2f}" if "bleu" in d else "")
+                for name, d in by_direction.items()
+            )
         self.files.log(record)
         tqdm.write(f"valid at update {p.update}: {line}", file=sys.stderr)
 

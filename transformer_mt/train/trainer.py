@@ -45,7 +45,7 @@ from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.run_log import RunLog, Window, final_warnings
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import UpdateStats, accumulate_gradients, apply_gradients
-from transformer_mt.train.validation import ValidBleu, record_validation, validate
+from transformer_mt.train.validation import ValidBleu, record_validation, validate_directions
 
 
 @dataclass
@@ -234,11 +234,12 @@ class Trainer:
     def _validate(self) -> tuple[float, float]:
         """Loss (and BLEU) on the validation split; keep checkpoint_best.pt and the patience count up to date."""
         p, tc = self.progress, self.cfg.train
-        loss, nll = validate(self.stepper.module, self.data.valid, self.cfg, self.env, self.stepper.precision)
+        module, precision = self.stepper.module, self.stepper.precision
+        loss, nll, by_direction = validate_directions(module, self.data, self.cfg, self.env, precision)
         bleu = self.valid_bleu() if self.valid_bleu is not None else None
         improved = record_validation(p, loss, nll, bleu, tc.best_metric)
         if self.log.files is not None:
-            self.log.valid(p, loss, nll, bleu, self.budget.minutes())
+            self.log.valid(p, loss, nll, bleu, self.budget.minutes(), by_direction)
         if improved:
             self._save(best=True)
         if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:

@@ -23,13 +23,16 @@ from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_b
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
+from transformer_mt.data.directions import directions
+from transformer_mt.data.mix import CorpusMix
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.decode.lines import empty_outputs
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import out_of_memory
 from transformer_mt.metrics import corpus_sacrebleu
-from transformer_mt.train.build import max_sentence_len
+from transformer_mt.train.build import RunData, max_sentence_len
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
+from transformer_mt.train.loss import perplexity
 from transformer_mt.train.step import TrainError, forward_loss, oom_message
 
 # Validations a checkpoint remembers, for `unconverged`: enough that one lies train.validate_every updates
@@ -82,7 +85,9 @@ def record_validation(
 
 
 @torch.no_grad()
-def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, precision: str) -> tuple[float, float]:
+def validate(
+    module: nn.Module, ds: ParallelDataset | CorpusMix, cfg: Config, env: DistEnv, precision: str
+) -> tuple[float, float]:
     """Label-smoothed loss and NLL per target token (nats) on the validation split, each rank a shard of it.
 
     Sentences longer than `max_sentence_len` are left out, as in training.
@@ -111,12 +116,25 @@ def validate(module: nn.Module, ds: ParallelDataset, cfg: Config, env: DistEnv, 
     return loss_sum / tokens, nll_sum / tokens
 
 
+def validate_directions(
+    module: nn.Module, data: RunData, cfg: Config, env: DistEnv, precision: str
+) -> tuple[float, float, dict[str, dict[str, float]]]:
+    """`validate` on the validation split; with data.directions on each direction's, their mean loss and NLL
+    (each direction counts the same, whatever its length) and each one's figures by name ({} for one pair)."""
+    if not data.valid_directions:
+        return *validate(module, data.valid, cfg, env, precision), {}
+    each = {name: validate(module, ds, cfg, env, precision) for name, ds in data.valid_directions.items()}
+    loss = sum(loss for loss, _ in each.values()) / len(each)
+    nll = sum(nll for _, nll in each.values()) / len(each)
+    return loss, nll, {name: {"loss": lo, "nll": nl, "ppl": perplexity(nl)} for name, (lo, nl) in each.items()}
+
+
 class ValidBleu:
     """Validation BLEU (train.valid_bleu_sentences): `tmt evaluate`'s figure for the model being trained."""
 
     def __init__(self, cfg: Config, module: nn.Module, data_dir: Path, env: DistEnv) -> None:
         self.cfg, self.module, self.data_dir, self.env = cfg, module, data_dir, env
-        self._cache: tuple[Translator, list[str], list[str]] | None = None  # built at the first use (rank 0)
+        self._cache: dict[str, tuple[Translator, list[str], list[str]]] | None = None  # built at first use (rank 0)
 
     def __call__(self) -> dict[str, Any]:
         """sacreBLEU of the model on the first train.valid_bleu_sentences validation pairs; a collective.
@@ -128,15 +146,17 @@ class ValidBleu:
         """
         score = empty = seconds = 0.0
         sentences = 0
+        by_direction: dict[str, float] = {}
         error: Exception | None = None
         if self.env.is_main:
             start, was_training = time.monotonic(), self.module.training
             try:
-                translator, sources, refs = self._inputs()
                 self.module.eval()  # no dropout (and no random draw): the model as `tmt translate` runs it
-                hyps = translator.translate_lines(sources)
-                score = corpus_sacrebleu(hyps, refs)["score"]
-                empty, sentences, seconds = empty_outputs(sources, hyps)[0], len(sources), time.monotonic() - start
+                for name, (translator, sources, refs) in self._inputs().items():
+                    hyps = translator.translate_lines(sources)
+                    by_direction[name] = corpus_sacrebleu(hyps, refs)["score"]
+                    empty, sentences = empty + empty_outputs(sources, hyps)[0], sentences + len(sources)
+                score, seconds = sum(by_direction.values()) / len(by_direction), time.monotonic() - start
             except Exception as err:  # tell the waiting ranks before raising, whatever went wrong
                 error = err
             finally:
@@ -146,10 +166,12 @@ class ValidBleu:
             raise error
         if failed:
             raise TrainError("rank 0 could not compute the validation BLEU (its message says why)")
-        return {"bleu": score, "bleu_sentences": sentences, "empty_hypotheses": int(empty), "bleu_seconds": seconds}
+        several = {"directions": by_direction} if len(by_direction) > 1 else {}
+        return {"bleu": score, "bleu_sentences": sentences, "empty_hypotheses": int(empty), "bleu_seconds": seconds,
+                **several}  # fmt: skip
 
-    def _inputs(self) -> tuple[Translator, list[str], list[str]]:
-        """(translator, sources, references) of validation BLEU, built at its first use (rank 0 only).
+    def _inputs(self) -> dict[str, tuple[Translator, list[str], list[str]]]:
+        """(translator, sources, references) of validation BLEU per direction, built at its first use (rank 0).
 
         The sentences are the first train.valid_bleu_sentences lines (-1: all)
         of the raw ``data.valid`` files (rank 0 has just checked them in
@@ -160,13 +182,17 @@ class ValidBleu:
         d, tc = self.cfg.data, self.cfg.train
         limit = None if tc.valid_bleu_sentences < 0 else tc.valid_bleu_sentences
         bpe = load_bpe(self.data_dir / "spm.model")
-        src, ref = raw_file(d.valid, d.src_lang), raw_file(d.valid, d.tgt_lang)
-        try:
-            sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
-        except OSError as err:
-            raise TrainError(f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid") from None
         decode = dataclasses.replace(self.cfg.decode, beam_size=tc.valid_bleu_beam, nbest=1)
         translator = Translator(self.module, bpe, dataclasses.replace(self.cfg, decode=decode), self.env.device)
         translator.show_progress = False
-        self._cache = (translator, sources, refs)
+        self._cache = {}
+        for way in directions(d):
+            src, ref = raw_file(d.valid, way.src), raw_file(d.valid, way.tgt)
+            try:
+                sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
+            except OSError as err:
+                raise TrainError(
+                    f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid"
+                ) from None
+            self._cache[way.name] = (translator.toward(way.src, way.tgt), sources, refs)
         return self._cache

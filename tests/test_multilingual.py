@@ -1,0 +1,241 @@
+"""One model for several directions (data.directions): config, prepare, the epoch's draw, training, translation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_user_error, metric_records, run_config, tmt
+
+from transformer_mt.config import ConfigError, load_config
+from transformer_mt.data.bpe import load_bpe
+from transformer_mt.data.dataset import ParallelDataset
+from transformer_mt.data.directions import Direction, DirectionError, choose, tag, zero_shot
+from transformer_mt.data.mix import CorpusMix, epoch_selection, temperature_shares
+from transformer_mt.data.prepare import prepare_data, prepare_hash
+from transformer_mt.data.synthetic import write_corpus
+from transformer_mt.train.trainer import train_model
+
+DIRECTIONS = ["en-de", "de-en", "en-fr"]
+
+
+def reversed_words(line: str) -> str:
+    """A third language for the toy corpus: English with its words in reverse order."""
+    return " ".join(reversed(line.split()))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-way parallel toy corpus (en, de, fr) under c/: 240 training, 24 valid and 24 test lines."""
+    root = tmp_path_factory.mktemp("multi")
+    write_corpus(root / "c", 240, 24, 24, 1, "en", "de")
+    for split in ("train", "valid", "test"):
+        english = (root / "c" / f"{split}.en").read_text(encoding="utf-8").splitlines()
+        (root / "c" / f"{split}.fr").write_text("".join(reversed_words(s) + "\n" for s in english), encoding="utf-8")
+    return root
+
+
+def multi_config(root: Path, *extra: str):
+    return load_config(
+        "tmt:toy.yaml",
+        [
+            f"data.train={root}/c/train", f"data.valid={root}/c/valid", f"data.test={root}/c/test",
+            f"data.dir={root}/out", "data.synth=false", "data.workers=1", f"data.directions=[{','.join(DIRECTIONS)}]",
+            "bpe.vocab_size=150", "model.d_model=32", "model.d_ff=64", "model.encoder_layers=1",
+            "model.decoder_layers=1", "train.max_updates=12", "train.validate_every=6", "train.save_every_updates=6",
+            "train.warmup=4", "train.valid_bleu_sentences=4", "decode.max_len_b=5", *extra,
+        ],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(corpus: Path) -> Path:
+    """The toy corpus prepared and trained for 12 updates, three directions at temperature 2."""
+    cfg = run_config(multi_config(corpus, "data.temperature=2"), corpus / "run")
+    train_model(cfg)
+    return corpus / "run"
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("[en-en]", "two different language codes"),
+        ("[ende]", "not a direction"),
+        ("[en-de,en-de]", "lists en-de twice"),
+        ("en-de", "expected a list"),
+        ("[en-]", "not a direction"),
+    ],
+)
+def test_a_direction_that_does_not_read_is_one_error(value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config("tmt:toy.yaml", [f"data.directions={value}"])
+
+
+def test_temperature_must_be_positive_and_bpe_dropout_waits_for_one_pair() -> None:
+    with pytest.raises(ConfigError, match="data.temperature must be above 0"):
+        load_config("tmt:toy.yaml", ["data.temperature=0"])
+    with pytest.raises(ConfigError, match="bpe.sampling_alpha works with one language pair"):
+        load_config("tmt:toy.yaml", ["data.synth=false", "data.directions=[en-de]", "bpe.sampling_alpha=0.1"])
+
+
+def test_data_prepared_before_directions_existed_stays_up_to_date() -> None:
+    """The hashes of tmt:toy.yaml and configs/multi30k_hour.yaml as prepare wrote them before data.directions."""
+    assert prepare_hash(load_config("tmt:toy.yaml")) == "431aded72dd688f467fb280148f8c5c6"
+    assert prepare_hash(load_config("tmt:base.yaml")) == "9bc5ee621393c2a7481aea331a044b39"
+    several = load_config("tmt:toy.yaml", ["data.synth=false", "data.directions=[en-de]"])
+    assert prepare_hash(several) != prepare_hash(load_config("tmt:toy.yaml", ["data.synth=false"]))
+
+
+def test_choose_needs_the_target_of_a_model_of_several_and_names_its_languages() -> None:
+    data = load_config("tmt:toy.yaml", ["data.synth=false", f"data.directions=[{','.join(DIRECTIONS)}]"]).data
+    assert choose(data, None, "fr") == Direction("en", "fr")
+    assert choose(data, "de", "en") == Direction("de", "en")
+    with pytest.raises(DirectionError, match="choose one with --tgt-lang"):
+        choose(data, None, None)
+    with pytest.raises(DirectionError, match="'cs' is not a target language.*from en, de into de, en, fr"):
+        choose(data, "en", "cs")
+    with pytest.raises(DirectionError, match="both 'en'"):
+        choose(data, "en", "en")
+    assert zero_shot(data, Direction("de", "fr")) and not zero_shot(data, Direction("en", "fr"))
+    one_pair = load_config("tmt:toy.yaml").data
+    assert choose(one_pair, None, None) == Direction("en", "de")
+    with pytest.raises(DirectionError, match="'fr' is not a target"):
+        choose(one_pair, None, "fr")
+
+
+# ---------------------------------------------------------------- the epoch's draw
+
+
+def test_temperature_shares_follow_the_formula() -> None:
+    sizes = np.array([100, 900, 9000])
+    for t in (1.0, 2.0, 5.0):
+        expected = sizes ** (1 / t) / (sizes ** (1 / t)).sum()
+        np.testing.assert_allclose(temperature_shares(sizes, t), expected)
+    np.testing.assert_allclose(temperature_shares(sizes, 1.0), sizes / sizes.sum())
+    assert temperature_shares(sizes, 1e6).max() - temperature_shares(sizes, 1e6).min() < 1e-4  # tends to uniform
+
+
+def test_an_epoch_draws_each_direction_its_share_from_seed_and_epoch_alone() -> None:
+    sizes = np.array([10, 90])
+    assert epoch_selection(sizes, 1.0, 1, 1) is None  # every pair once
+    first = epoch_selection(sizes, 5.0, 1, 1)
+    assert first is not None and len(first) == pytest.approx(100, abs=1)
+    shares = temperature_shares(sizes, 5.0)
+    small = first[first < 10]
+    assert len(small) == round(100 * shares[0])  # upsampled: each of the 10 pairs at least twice
+    assert set(np.bincount(small, minlength=10)) <= {int(100 * shares[0]) // 10, int(100 * shares[0]) // 10 + 1}
+    large = first[first >= 10]
+    assert len(large) == round(100 * shares[1]) and len(set(large)) == len(large)  # downsampled without repeats
+    np.testing.assert_array_equal(first, epoch_selection(sizes, 5.0, 1, 1))  # a resume draws the same
+    assert not np.array_equal(first, epoch_selection(sizes, 5.0, 1, 2))
+
+
+# ---------------------------------------------------------------- prepare, train, translate
+
+
+def test_prepare_writes_each_direction_and_the_tags_are_single_pieces(trained: Path, corpus: Path) -> None:
+    manifest = json.loads((corpus / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["directions"] == DIRECTIONS
+    assert list(manifest["splits"]) == [f"{s}.{d}" for s in ("train", "valid", "test") for d in DIRECTIONS]
+    assert manifest["splits"]["train.en-de"]["bpe_sample"] == 3 * 240  # each language's file once
+    bpe = load_bpe(corpus / "out" / "spm.model")
+    for lang in ("de", "en", "fr"):
+        assert tag(lang) in bpe.encode(f"{tag(lang)} The horse.", out_type=str)
+        assert bpe.id_to_piece(bpe.piece_to_id(tag(lang))) == tag(lang)
+    assert bpe.id_to_piece(bpe.piece_to_id("<2cs>")) != "<2cs>"  # cs is no target
+
+
+def test_a_mix_puts_each_sources_tag_first(trained: Path, corpus: Path) -> None:
+    bpe = load_bpe(corpus / "out" / "spm.model")
+    de = ParallelDataset(corpus / "out", "valid.en-de", "en", "de")
+    fr = ParallelDataset(corpus / "out", "valid.en-fr", "en", "fr")
+    mix = CorpusMix([(de, np.array([bpe.piece_to_id("<2de>")])), (fr, np.array([bpe.piece_to_id("<2fr>")]))])
+    assert len(mix) == len(de) + len(fr)
+    assert mix.src_ids(0)[0] == bpe.piece_to_id("<2de>") and mix.src_ids(len(de))[0] == bpe.piece_to_id("<2fr>")
+    np.testing.assert_array_equal(mix.src_ids(len(de))[1:], fr.src_ids(0))
+    np.testing.assert_array_equal(mix.src_lens, np.concatenate([de.src_lens + 1, fr.src_lens + 1]))
+    np.testing.assert_array_equal(mix.tgt_ids(len(de) + 3), fr.tgt_ids(3))
+
+
+def test_validation_reports_each_direction_and_their_mean(trained: Path) -> None:
+    valid = [r for r in metric_records(trained) if r["kind"] == "valid"]
+    assert [r["update"] for r in valid] == [6, 12]
+    for record in valid:
+        each = record["directions"]
+        assert list(each) == DIRECTIONS
+        assert record["loss"] == pytest.approx(sum(d["loss"] for d in each.values()) / 3)
+        assert record["bleu"] == pytest.approx(sum(d["bleu"] for d in each.values()) / 3)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_draws_and_trains_exactly_as_one_that_never_stopped(corpus: Path, tmp_path: Path) -> None:
+    """With directions of unequal sizes (max_ratio drops more en-de than en-fr pairs), so that each epoch draws."""
+    extra = ("data.temperature=3", "data.max_ratio=1.15", f"data.dir={tmp_path}/out", "train.valid_bleu_sentences=0")
+    cfg = multi_config(corpus, *extra)
+    prepare_data(cfg)
+    sizes = [len(ParallelDataset(tmp_path / "out", f"train.{d}", *d.split("-"))) for d in DIRECTIONS]
+    assert sizes[0] == sizes[1] < sizes[2]
+    whole = run_config(cfg, tmp_path / "whole")
+    train_model(whole)
+    cut = run_config(cfg, tmp_path / "cut", max_updates=6)
+    train_model(cut)
+    train_model(dataclasses.replace(cut, train=dataclasses.replace(cut.train, max_updates=12)))
+    a = torch.load(tmp_path / "whole" / "checkpoint_u0000012.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut" / "checkpoint_u0000012.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_translate_each_direction_warns_zero_shot_and_names_the_languages(trained: Path, tmp_path: Path) -> None:
+    ck = str(trained / "checkpoint_u0000012.pt")
+    source = tmp_path / "in.txt"
+    source.write_text("The woman washes the garden.\n\nThe horse runs.\n", encoding="utf-8")
+    for src, tgt in (("en", "de"), ("de", "en"), ("en", "fr")):
+        done = tmt("translate", "-c", ck, "--src-lang", src, "--tgt-lang", tgt, "-i", str(source))
+        assert done.returncode == 0, done.stderr
+        assert len(done.stdout.split("\n")) == 4 and done.stdout.split("\n")[1] == ""  # three lines, in order
+        assert "zero-shot" not in done.stderr
+    done = tmt("translate", "-c", ck, "--src-lang", "de", "--tgt-lang", "fr", "-i", str(source))
+    assert done.returncode == 0 and "never trained on de-fr" in done.stderr and "zero-shot" in done.stderr
+    no_target = tmt("translate", "-c", ck, "-i", str(source))
+    assert_user_error(no_target, "choose one with --tgt-lang", "en-de, de-en, en-fr")
+    unknown = tmt("translate", "-c", ck, "--tgt-lang", "cs", "-i", str(source))
+    assert_user_error(unknown, "'cs' is not a target language")
+
+
+def test_the_tag_changes_the_translation_the_model_gives(trained: Path) -> None:
+    """The same source toward two targets goes through two different encoder inputs (its tag), so the search
+    sees two different sources."""
+    from transformer_mt.decode.translate import Translator
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
+    de, fr = translator.toward("en", "de"), translator.toward("en", "fr")
+    assert de.encode(0, "The horse.")[1:] == fr.encode(0, "The horse.")[1:]
+    assert de.encode(0, "The horse.")[0] != fr.encode(0, "The horse.")[0]
+    assert de.encode(0, "") == []
+
+
+@pytest.mark.slow
+def test_serve_and_exports_refuse_a_model_of_several_directions_in_one_line(trained: Path, tmp_path: Path) -> None:
+    ck = str(trained / "checkpoint_u0000012.pt")
+    assert_user_error(tmt("serve", "-c", ck, "--port", "0"), "one language pair per model", "--src-lang/--tgt-lang")
+    assert_user_error(tmt("export", "hf", "-c", ck, "-o", str(tmp_path / "hf")), "one language pair")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_data_stats_shows_each_directions_share_of_an_epoch(trained: Path, corpus: Path, tmp_path: Path) -> None:
+    cfg = multi_config(corpus, "data.temperature=2")
+    config = tmp_path / "multi.yaml"
+    config.write_text(cfg.to_yaml(), encoding="utf-8")
+    prepare_data(cfg)
+    done = tmt("data-stats", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "each epoch at data.temperature=2: en-de 33.3% (240 pairs" in done.stdout + done.stderr
+    assert "train.en-fr: 240 pairs" in done.stdout + done.stderr

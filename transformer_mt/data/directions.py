@@ -1,0 +1,128 @@
+"""The translation directions of one model: a single pair, or several languages with a target token.
+
+A model of several directions (``data.directions``) reads, at the start of
+each source, one token naming the language to translate into, ``<2de>``
+(Johnson et al. 2017: the target tag on the encoder side, which Wu et al.
+2021 found the most robust for directions never trained). The tags are
+user-defined symbols of the joint BPE model, so they are single ids that no
+text splits. A model of one pair (the default, the paper's) has no tag: its
+data, checkpoints and outputs are those of before directions existed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import sentencepiece as spm
+
+from transformer_mt.config import DataConfig
+from transformer_mt.errors import UserError
+
+
+class DirectionError(UserError):
+    """A language or direction the model does not know; the message lists the ones it does."""
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One translation direction: source and target language codes (the files' suffixes)."""
+
+    src: str
+    tgt: str
+
+    @property
+    def name(self) -> str:
+        """``en-de``: how configs, logs and metrics spell it."""
+        return f"{self.src}-{self.tgt}"
+
+    @classmethod
+    def parse(cls, text: str) -> Direction:
+        """``en-de`` as a Direction (the config has checked the form)."""
+        src, _, tgt = text.partition("-")
+        return cls(src, tgt)
+
+
+def tag(lang: str) -> str:
+    """The token that asks for a translation into ``lang``."""
+    return f"<2{lang}>"
+
+
+def directions(data: DataConfig) -> list[Direction]:
+    """The directions a config trains, in its order: ``data.directions``, or the one pair src_lang -> tgt_lang."""
+    if not data.directions:
+        return [Direction(data.src_lang, data.tgt_lang)]
+    return [Direction.parse(text) for text in data.directions]
+
+
+def multilingual(data: DataConfig) -> bool:
+    """Whether the config lists directions (each source then starts with a target tag)."""
+    return bool(data.directions)
+
+
+def languages(data: DataConfig) -> list[str]:
+    """Every language of the config's directions, sources and targets, in order of first appearance."""
+    return list(dict.fromkeys(lang for d in directions(data) for lang in (d.src, d.tgt)))
+
+
+def split_name(split: str, data: DataConfig, direction: Direction) -> str:
+    """How ``data.dir`` names a split: train, valid, test; with data.directions one per direction: train.en-de."""
+    return f"{split}.{direction.name}" if multilingual(data) else split
+
+
+def tag_symbols(data: DataConfig) -> list[str]:
+    """The tags the BPE model must hold as single pieces: one per target language ([] for one pair)."""
+    if not multilingual(data):
+        return []
+    return [tag(lang) for lang in dict.fromkeys(d.tgt for d in directions(data))]
+
+
+def source_prefix(data: DataConfig, bpe: spm.SentencePieceProcessor, tgt: str) -> np.ndarray:
+    """The ids each source into ``tgt`` starts with: its tag's id, or none for a model of one pair."""
+    if not multilingual(data):
+        return np.zeros(0, dtype=np.int64)
+    piece = tag(tgt)
+    index = bpe.piece_to_id(piece)
+    if bpe.id_to_piece(index) != piece:
+        raise DirectionError(f"the BPE model holds no {piece} token; run `tmt prepare --force CONFIG`")
+    return np.array([index], dtype=np.int64)
+
+
+def choose(data: DataConfig, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang") -> Direction:
+    """The direction a translation asks for, checked against the model's directions.
+
+    A model of one pair needs neither language (given ones must match it); a
+    model of several needs the target, and the source too when more than one
+    source language translates into it. A pair of known languages that was
+    never trained (zero-shot) is allowed: `zero_shot` says so. An unknown
+    language is a DirectionError naming the ones the model has.
+    """
+    trained = directions(data)
+    sources = list(dict.fromkeys(d.src for d in trained))
+    targets = list(dict.fromkeys(d.tgt for d in trained))
+    for given, known, side in ((src, sources, "source"), (tgt, targets, "target")):
+        if given is not None and given not in known:
+            raise DirectionError(
+                f"{where}: {given!r} is not a {side} language of this model; it translates from {', '.join(sources)} "
+                f"into {', '.join(targets)}"
+            )
+    if tgt is None:
+        if len(targets) > 1:
+            raise DirectionError(
+                f"this model translates into {', '.join(targets)}: choose one with --tgt-lang "
+                f"(its directions: {', '.join(d.name for d in trained)})"
+            )
+        tgt = targets[0]
+    if src is None:
+        into = [d.src for d in trained if d.tgt == tgt]
+        if len(into) > 1:
+            raise DirectionError(f"this model translates into {tgt} from {', '.join(into)}: say which with --src-lang")
+        src = into[0] if into else sources[0]
+    if src == tgt:
+        raise DirectionError(f"{where}: source and target are both {src!r}; choose two different languages")
+    return Direction(src, tgt)
+
+
+def zero_shot(data: DataConfig, direction: Direction) -> bool:
+    """Whether ``direction`` joins a source and a target the model knows but was never trained on together."""
+    return direction not in directions(data)
