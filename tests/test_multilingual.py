@@ -239,3 +239,23 @@ def test_data_stats_shows_each_directions_share_of_an_epoch(trained: Path, corpu
     assert done.returncode == 0, done.stderr
     assert "each epoch at data.temperature=2: en-de 33.3% (240 pairs" in done.stdout + done.stderr
     assert "train.en-fr: 240 pairs" in done.stdout + done.stderr
+
+
+def test_plot_draws_each_direction_and_report_tables_them(trained: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from transformer_mt.plots import curves_figure
+    from transformer_mt.report import report_markdown
+    from transformer_mt.runs import read_run
+
+    run = read_run(trained)
+    valid = [r for r in metric_records(trained) if r["kind"] == "valid"]
+    fig = curves_figure(run, tmp_path / "curves.png")
+    loss, _, bleu = fig.axes[:3]
+    by_label = {line.get_label(): line for line in loss.get_lines()}
+    assert list(by_label["valid NLL en-fr"].get_ydata()) == [r["directions"]["en-fr"]["nll"] for r in valid]
+    assert {line.get_label() for line in bleu.get_lines()} >= set(DIRECTIONS)
+    text = report_markdown([run])
+    assert "## Each direction of the runs of several languages" in text
+    last = valid[-1]["directions"]
+    for name in DIRECTIONS:
+        assert f"| {name} | 12 | {last[name]['ppl']:.2f} | {last[name]['bleu']:.2f} |" in text

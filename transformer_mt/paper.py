@@ -157,7 +157,10 @@ def _variant_key(cfg: Config) -> tuple[Any, ...]:
 
 
 def pair(cfg: Config) -> str:
-    """The config's language pair as the tables name it: "en-de", "en-fr"."""
+    """The config's language pair as the tables name it: "en-de", "en-fr"; a model of several directions lists
+    them ("en-de+de-en"), which matches no row of the paper's."""
+    if cfg.data.directions:
+        return "+".join(cfg.data.directions)
     return f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"
 
 

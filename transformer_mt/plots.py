@@ -95,6 +95,22 @@ def _series(records: list[dict[str, Any]], key: str, x: str) -> tuple[list[float
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _directions(records: list[dict[str, Any]]) -> list[str]:
+    """The directions a multilingual run's validation records hold figures of, in their order ([] for one pair)."""
+    names: dict[str, None] = {}
+    for r in records:
+        if isinstance(r.get("directions"), dict):
+            names |= dict.fromkeys(r["directions"])
+    return list(names)
+
+
+def _direction_series(records: list[dict[str, Any]], name: str, key: str, x: str) -> tuple[list[float], list[float]]:
+    """One direction's ``key`` (nll, bleu) from the validation records that hold it, against ``x``."""
+    each = [(r, r["directions"].get(name)) for r in records if isinstance(r.get("directions"), dict)]
+    points = [(r[x], d[key]) for r, d in each if isinstance(d, dict) and d.get(key) is not None and x in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def curves_figure(runs: Run | Sequence[Run], out: Path) -> Any:
     """Loss, learning rate and validation BLEU against updates (top row) and wall-clock minutes (bottom row).
 
@@ -133,7 +149,9 @@ def _one_run(run: Run, loss: Any, lr: Any, x: str) -> None:
     train, valid = run.kind("train"), run.kind("valid")
     loss.plot(*_series(train, "loss", x), label="train (label-smoothed)", lw=1)
     loss.plot(*_series(valid, "loss", x), "o-", label="valid (label-smoothed)", ms=3)
-    loss.plot(*_series(valid, "nll", x), "s--", label="valid NLL", ms=3)
+    loss.plot(*_series(valid, "nll", x), "s--", label="valid NLL" + (" (mean)" if _directions(valid) else ""), ms=3)
+    for name in _directions(valid):  # a model of several directions: each one's validation NLL
+        loss.plot(*_direction_series(valid, name, "nll", x), ":", lw=1, label=f"valid NLL {name}")
     lr.plot(*_series(train, "lr", x), lw=1)
 
 
@@ -153,9 +171,12 @@ def _bleu_panel(ax: Any, runs: Sequence[Run], x: str, label: str) -> None:
         if xs:
             ax.plot(xs, ys, "o-", ms=3, color=f"C{i % 10}", label=str(run.path))
             drawn += 1
+    each = _directions(runs[0].kind("valid")) if len(runs) == 1 else []
+    for name in each:  # one run of several directions: a curve per direction beside their mean
+        ax.plot(*_direction_series(runs[0].kind("valid"), name, "bleu", x), ":", lw=1, label=name)
     if not drawn:
         ax.text(0.5, 0.5, "no validation BLEU logged\n(train.valid_bleu_sentences)", ha="center", va="center")
-    elif len(runs) > 1:
+    elif len(runs) > 1 or each:
         ax.legend(fontsize=8)
     ax.set(ylabel="validation sacreBLEU", xlabel=label)
 

@@ -209,6 +209,24 @@ def _other_lines(run: Run) -> list[list[str]]:
     return [[*head, name, *_bleu(run, name), *tail] for name in sorted(run.scores)]
 
 
+DIRECTIONS_HEADER = ("run", "direction", "updates", "PPL (dev)", "valid sacreBLEU")
+
+
+def _direction_lines(run: Run) -> list[list[str]]:
+    """A run of several directions: each direction's figures at its last validation that holds them."""
+    last = next((r for r in reversed(run.kind("valid")) if isinstance(r.get("directions"), dict)), None)
+    if last is None:
+        return []
+    lines = []
+    for name, d in last["directions"].items():
+        d = d if isinstance(d, dict) else {}
+        number = {k: v for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        lines.append(
+            [_label(run), name, f"{last.get('update', 0):,}", _num(number.get("ppl")), _num(number.get("bleu"))]
+        )
+    return lines
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -230,6 +248,10 @@ def report_markdown(runs: Sequence[Run]) -> str:
     if other:  # a run on one's own corpus first, before some 50 rows of the paper's
         lines += ["## Runs that are no row of the paper's tables", ""]
         lines += _table(OTHER_HEADER, [line for run in other for line in _other_lines(run)]) + [""]
+    directions = [line for run in runs for line in _direction_lines(run)]
+    if directions:
+        lines += ["## Each direction of the runs of several languages", ""]
+        lines += _table(DIRECTIONS_HEADER, directions) + [""]
     lines += ["## Table 2: newstest2014, BLEU and training cost", ""]
     lines += _table(TABLE2_HEADER, [line for row in TABLE2 for line in _table2_lines(row, table2[row.model])])
     lines += ["", "## Table 3: variations of the base model, newstest2013 (dev)", ""]
