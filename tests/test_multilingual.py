@@ -259,3 +259,28 @@ def test_plot_draws_each_direction_and_report_tables_them(trained: Path, tmp_pat
     last = valid[-1]["directions"]
     for name in DIRECTIONS:
         assert f"| {name} | 12 | {last[name]['ppl']:.2f} | {last[name]['bleu']:.2f} |" in text
+
+
+@pytest.mark.slow
+def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
+    trained: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """benchmarks/multilingual.py end to end on the toy corpus (de-fr is its one zero-shot pair of known sides)."""
+    pytest.importorskip("py3langid")
+    import subprocess
+    import sys
+
+    config = tmp_path / "multi.yaml"
+    config.write_text(multi_config(corpus).to_yaml(), encoding="utf-8")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "multilingual.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--config", str(config), "--updates", "12", "--out", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "b" / "seed1" / "multilingual.json").read_text(encoding="utf-8"))
+    assert list(report["multilingual"]) == DIRECTIONS
+    assert all(set(s) == {"valid", "test"} for s in report["multilingual"].values())
+    assert list(report["zero_shot"]) == ["de-fr"]
+    assert 0.0 <= report["zero_shot"]["de-fr"]["wrong_language"] <= 1.0
+    assert "| de-fr |" in done.stdout

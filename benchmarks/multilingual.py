@@ -1,0 +1,181 @@
+"""One model for several directions against one model per direction, and its zero-shot directions.
+
+Runs what a user runs: `tmt train` of configs/multi30k_multilingual.yaml (six
+directions en<->de, en<->fr, en<->cs on Multi30k's 4-way parallel data, 120
+minutes on 2 cores), `tmt average`, then `tmt translate --src-lang --tgt-lang`
+of the valid and test2016 sources of every direction, scored with sacreBLEU
+(13a, cased). Beside it:
+
+- **Zero-shot**: every pair of the model's languages that no direction
+  trained (de-fr, fr-de, de-cs, cs-de, fr-cs, cs-fr), with the share of
+  output lines in the wrong language by a real language identifier
+  (py3langid, restricted to the model's languages; ``pip install
+  py3langid``), and BLEU beside pivoting through the language most
+  directions share (English) with the same model.
+- ``--baselines``: one model per direction, configs/multi30k_hour.yaml's
+  one-hour recipe with its data.src_lang and data.tgt_lang set, each
+  averaged and scored the same way.
+
+Select on the valid columns; test2016 is the figure to report.
+
+    python benchmarks/multilingual.py --seed 1 --out runs/bench_multilingual
+    python benchmarks/multilingual.py --seed 1 --out runs/bench_multilingual --baselines
+    python benchmarks/multilingual.py --updates 11000 --out ...   # a budget of updates, not of the clock
+
+A run cut short goes on with the same command: `tmt train` resumes each run
+from its newest checkpoint, and a finished run is not trained again.
+Results: OUT/multilingual.json and markdown tables on stdout. Run it from the
+repository root on an otherwise idle machine (the budget is wall clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformer_mt.config import load_config
+from transformer_mt.data.clean import read_lines
+from transformer_mt.data.directions import Direction, directions, languages
+from transformer_mt.data.raw_files import raw_file
+from transformer_mt.metrics import corpus_sacrebleu
+
+MULTI = "configs/multi30k_multilingual.yaml"
+BILINGUAL = "configs/multi30k_hour.yaml"
+
+
+def tmt(*args: str) -> None:
+    """Run one tmt command as a user would, its progress on this terminal; stop the benchmark if it fails."""
+    done = subprocess.run([sys.executable, "-m", "transformer_mt", *args], check=False)
+    if done.returncode != 0:
+        sys.exit(f"tmt {' '.join(args)} failed ({done.returncode})")
+
+
+def budget(args: argparse.Namespace) -> list[str]:
+    """The --set overrides of the budget: the config's minutes, --minutes, or --updates alone."""
+    if args.updates:
+        return ["--set", f"train.max_updates={args.updates}", "--set", f"train.max_minutes={args.minutes or 0}"]
+    return ["--set", f"train.max_minutes={args.minutes}"] if args.minutes else []
+
+
+def train_and_average(config: str, run: Path, extra: list[str], args: argparse.Namespace) -> tuple[Path, float]:
+    """Train (or resume, or find finished) ``run`` and average its last checkpoints; returns the average and the
+    minutes this call spent training."""
+    start = time.monotonic()
+    sets = ["--set", f"train.save_dir={run}", "--set", f"train.seed={args.seed}", *budget(args), *extra]
+    tmt("train", config, *sets)
+    minutes = (time.monotonic() - start) / 60
+    tmt("average", str(run))
+    return run / "average.pt", minutes
+
+
+def translate(checkpoint: Path, source: Path, out: Path, way: Direction) -> list[str]:
+    """``source`` translated from way.src into way.tgt by ``checkpoint`` (kept in ``out``); its lines."""
+    if not out.is_file():
+        tmt("translate", "-c", str(checkpoint), "-i", str(source), "-o", str(out), "--src-lang", way.src,
+            "--tgt-lang", way.tgt)  # fmt: skip
+    return list(read_lines(out))
+
+
+def bleu(hyps: list[str], prefix: str, lang: str) -> float:
+    return round(corpus_sacrebleu(hyps, list(read_lines(raw_file(prefix, lang))))["score"], 2)
+
+
+def wrong_language(hyps: list[str], expected: str, langs: list[str]) -> float:
+    """The share of non-empty lines that py3langid, choosing among ``langs``, does not find in ``expected``."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    ident.set_languages(langs)
+    lines = [h for h in hyps if h.strip()]
+    return round(sum(ident.classify(h)[0] != expected for h in lines) / max(1, len(lines)), 4)
+
+
+def score_model(checkpoint: Path, ways: list[Direction], out: Path, cfg: Any) -> dict[str, dict[str, float]]:
+    """Valid and test BLEU of each direction of ``ways``."""
+    scores = {}
+    for way in ways:
+        scores[way.name] = {}
+        for split, prefix in (("valid", cfg.data.valid), ("test", cfg.data.test)):
+            hyps = translate(checkpoint, raw_file(prefix, way.src), out / f"{split}.{way.name}.{way.tgt}", way)
+            scores[way.name][split] = bleu(hyps, prefix, way.tgt)
+    return scores
+
+
+def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, float]]:
+    """Each untrained pair: test BLEU direct and through the pivot, and the direct output's wrong-language rate."""
+    trained = directions(cfg.data)
+    langs = languages(cfg.data)
+    pivot = max(langs, key=lambda lang: sum(lang in (w.src, w.tgt) for w in trained))
+    result = {}
+    for src, tgt in itertools.permutations(langs, 2):
+        way = Direction(src, tgt)
+        known = any(w.src == src for w in trained) and any(w.tgt == tgt for w in trained)
+        if way in trained or pivot in (src, tgt) or not known:
+            continue
+        prefix = cfg.data.test
+        direct = translate(checkpoint, raw_file(prefix, src), out / f"test.{way.name}.{tgt}", way)
+        first = out / f"test.{src}-{pivot}.{pivot}"
+        translate(checkpoint, raw_file(prefix, src), first, Direction(src, pivot))
+        pivoted = translate(checkpoint, first, out / f"test.{src}-{pivot}-{tgt}.{tgt}", Direction(pivot, tgt))
+        result[way.name] = {
+            "test": bleu(direct, prefix, tgt),
+            "pivot_test": bleu(pivoted, prefix, tgt),
+            "wrong_language": wrong_language(direct, tgt, langs),
+        }
+    return result
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "| direction | multilingual valid | test2016 | bilingual valid | test2016 | Δ test |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in report["multilingual"].items():
+        b = report.get("bilingual", {}).get(name)
+        bi = [b["valid"], b["test"], round(s["test"] - b["test"], 2)] if b else ["", "", ""]
+        lines.append(f"| {name} | {s['valid']} | {s['test']} | " + " | ".join(map(str, bi)) + " |")
+    lines += ["", "| zero-shot | test2016 | through the pivot | wrong language |", "|---|---|---|---|"]
+    for name, z in report["zero_shot"].items():
+        lines.append(f"| {name} | {z['test']} | {z['pivot_test']} | {z['wrong_language']:.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_multilingual"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--config", default=MULTI, help="the multilingual config (default: %(default)s)")
+    parser.add_argument("--bilingual", default=BILINGUAL, help="the one-direction recipe of --baselines")
+    parser.add_argument("--minutes", type=float, default=0.0, help="each training's budget (default: the config's)")
+    parser.add_argument("--updates", type=int, default=0, help="a budget of updates instead of the clock")
+    parser.add_argument("--baselines", action="store_true", help="also train one model per direction")
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
+    args = parser.parse_args()
+    extra = [x for s in args.sets for x in ("--set", s)]
+    cfg = load_config(args.config)
+    out = args.out / f"seed{args.seed}"
+    checkpoint, minutes = train_and_average(args.config, out / "multi", extra, args)
+    report: dict[str, Any] = {"config": args.config, "seed": args.seed, "minutes": {"multilingual": round(minutes, 1)}}
+    report["multilingual"] = score_model(checkpoint, directions(cfg.data), out / "multi", cfg)
+    report["zero_shot"] = zero_shot(checkpoint, cfg, out / "multi")
+    if args.baselines:
+        report["bilingual"] = {}
+        for way in directions(cfg.data):
+            run = out / f"bi_{way.src}_{way.tgt}"
+            sets = ["--set", f"data.src_lang={way.src}", "--set", f"data.tgt_lang={way.tgt}",
+                    "--set", f"data.dir=prepared/multi30k_{way.src}_{way.tgt}"]  # fmt: skip
+            bi_checkpoint, minutes = train_and_average(args.bilingual, run, [*sets, *extra], args)
+            report["minutes"][way.name] = round(minutes, 1)
+            report["bilingual"] |= score_model(bi_checkpoint, [way], run, load_config(args.bilingual, sets[1::2]))
+    (out / "multilingual.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
