@@ -777,7 +777,9 @@ def evaluate(
     valid) scores the raw files of the split the checkpoint's config names,
     data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
     it was trained in. Writes hyp.<lang> and scores.json to --out-dir
-    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test).
+    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test);
+    an earlier evaluation there is replaced, and stderr names it: give each its own -o to keep both.
+    scores.json names the checkpoint file decoded (for -c RUN_DIR, the file it stands for).
     """
     from transformer_mt.evaluate import evaluate_checkpoint
 
