@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from tqdm import tqdm
 
 from transformer_mt import config as config_module
 from transformer_mt.config import Config, ConfigError, apply_override, load_config, validate
 from transformer_mt.data.clean import filter_reason, normalize, read_lines
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.files import atomic_write_text
+from transformer_mt.progress import progress
 
 Preset = Literal["small", "base", "big"]
 PRESETS: dict[str, str] = {"small": "tmt:multi30k.yaml", "base": "tmt:base.yaml", "big": "tmt:big.yaml"}
@@ -106,7 +106,7 @@ def _count(path: Path, sample_types: bool, show: bool) -> Side:
     """Lines and words of one file (read as tmt prepare reads it), and its distinct words in the first lines."""
     lines = words = 0
     types: set[str] = set()
-    for line in tqdm(read_lines(path), desc=f"count {path.name}", unit=" lines", disable=not show, leave=False):
+    for line in progress(read_lines(path), desc=f"count {path.name}", unit=" lines", disable=not show, leave=False):
         tokens = normalize(line).split()
         lines, words = lines + 1, words + len(tokens)
         if sample_types and lines <= TYPE_SAMPLE_LINES:

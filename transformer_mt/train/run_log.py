@@ -20,6 +20,7 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import TrainingProgress
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.model.transformer import count_parameters, flops_per_token
+from transformer_mt.progress import Bar, is_terminal
 from transformer_mt.runs import EndRecord, TrainRecord, ValidRecord, WarningRecord
 from transformer_mt.train.budget import Budget
 from transformer_mt.train.build import RunData, compiled_graphs
@@ -96,7 +97,7 @@ class RunLog:
         self.graphs_before = compiled_graphs() if cfg.train.compile else 0  # graphs torch.compile built before
         # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
         # no bar there; `train` prints a plain line every train.log_every updates instead.
-        self.log_lines = not sys.stderr.isatty()
+        self.log_lines = not is_terminal(sys.stderr)
 
     def announce(self, update: int) -> None:
         """The run's shape on stderr (model size, processes, tokens per update, sentences left out); config.yaml."""
@@ -126,7 +127,7 @@ class RunLog:
                 "here, several times slower than fp32; train.precision=auto trains in fp32 on this CPU"
             ))  # fmt: skip
 
-    def show(self, window: Window, bar: tqdm, log: bool, p: TrainingProgress, lr: float, budget: Budget) -> None:
+    def show(self, window: Window, bar: Bar, log: bool, p: TrainingProgress, lr: float, budget: Budget) -> None:
         """The progress bar's figures, and at a log line the `train` record and line (rank 0)."""
         tokens = max(float(window.tokens), 1.0)
         seconds = max(time.monotonic() - window.start, 1e-9)
