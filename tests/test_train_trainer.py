@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from transformer_mt.train.budget import clock_marks
 from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
-from transformer_mt.train.run_log import Window, final_warnings
+from transformer_mt.train.run_log import Window, bleu_share, final_warnings
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -483,6 +484,13 @@ def test_the_convergence_rule():
     assert unconverged([(2000, 4.9), (3000, 4.3)], 1000) is not None  # 12%
 
 
+def test_the_valid_line_gives_validation_bleus_share_of_the_time():
+    assert bleu_share(3.0, 100.0) == "validation BLEU so far 3% of the time"
+    assert bleu_share(17.0, 100.0) == (
+        "validation BLEU so far 17% of the time: fewer train.valid_bleu_sentences cost less (0: none)"
+    )
+
+
 def _valid_sentences(cfg: Config, n: int) -> tuple[list[str], list[str]]:
     d = cfg.data
     src, ref = (Path(f"{d.valid}.{lang}").read_text(encoding="utf-8").splitlines()[:n] for lang in ("en", "de"))
@@ -503,7 +511,9 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     best = load_state(run / BEST_NAME)
     assert best["update"] == valid[bleus.index(max(bleus))]["update"] and best["valid_bleu"] == max(bleus)
     assert result.best_valid_bleu == max(bleus) and not [m for m in metric_records(run) if m.get("reason") == "warmup"]
-    assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in err
+    assert len(re.findall(r"s; validation BLEU so far \d+% of the time", err)) == 4  # its cost, at every validation
 
     # the logged figure is what `tmt evaluate` would compute: the same weights, beam 1, sacreBLEU
     translator = Translator.from_checkpoints([run / BEST_NAME], device="cpu", overrides=["decode.beam_size=1"])

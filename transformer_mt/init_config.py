@@ -45,6 +45,11 @@ PIECES_PER_WORD = 1.3  # BPE pieces per whitespace word at these vocabulary size
 PADDING = 1.1  # padded tokens per real token in length-bucketed batches (tmt data-stats measures it)
 RATIOS = (1.5, 2.0, 3.0)  # data.max_ratio: the smallest that drops at most 1% of the pairs
 VALID_BLEU_SENTENCES = {"small": 200, "base": 500, "big": 500}
+VALID_BLEU_WHY = (
+    "each validation also reports greedy sacreBLEU on these; it costs time: seconds to tens of seconds a validation "
+    "(most while the model is undertrained and its outputs run long), up to a sixth of a short budget; each valid "
+    "line prints its share; 0 turns it off"
+)
 _SECTION_OF = {type(getattr(Config(), f.name)).__name__: f.name for f in dataclasses.fields(Config)}
 
 
@@ -208,7 +213,7 @@ def choose(corpus: Corpus, preset: Preset | None, minutes: float, name: str) -> 
     _budget(c, corpus, kind, minutes)
     c.set("train.save_dir", f"runs/{name}", "checkpoints, metrics.jsonl and config.yaml of the run")
     valid_bleu = min(corpus.valid_pairs, VALID_BLEU_SENTENCES[kind])
-    c.set("train.valid_bleu_sentences", valid_bleu, "each validation also reports greedy sacreBLEU on these")
+    c.set("train.valid_bleu_sentences", valid_bleu, VALID_BLEU_WHY)
     validate(c.config)
     return c
 

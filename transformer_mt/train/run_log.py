@@ -32,6 +32,8 @@ from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import Stepper, UpdateStats, cpu_has_bf16
 from transformer_mt.train.validation import unconverged
 
+BLEU_SHARE_HINT = 0.10  # validation BLEU past this share of the time: the valid line names the key that lowers it
+
 
 @dataclass
 class Window:
@@ -98,6 +100,7 @@ class RunLog:
         # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
         # no bar there; `train` prints a plain line every train.log_every updates instead.
         self.log_lines = not is_terminal(sys.stderr)
+        self.started, self.bleu_seconds = time.monotonic(), 0.0  # validation BLEU's share of this process's time
 
     def announce(self, update: int) -> None:
         """The run's shape on stderr (model size, processes, tokens per update, sentences left out); config.yaml."""
@@ -174,9 +177,10 @@ class RunLog:
         )  # fmt: skip
         line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
         if bleu is not None:
+            self.bleu_seconds += bleu["bleu_seconds"]
             line += (
                 f"; bleu {bleu['bleu']:.2f} (best {p.best_valid_bleu:.2f}; {bleu['bleu_sentences']} sentences, "
-                f"{bleu['bleu_seconds']:.1f} s)"
+                f"{bleu['bleu_seconds']:.1f} s; {bleu_share(self.bleu_seconds, time.monotonic() - self.started)})"
             )
         if tc.patience > 0:
             line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
@@ -210,6 +214,15 @@ class RunLog:
         graphs, multiple = compiled_graphs() - self.graphs_before, self.cfg.train.pad_to_multiple
         shapes = f"lengths padded to multiples of {multiple}" if multiple > 1 else "train.pad_to_multiple off"
         return f"torch.compile: {graphs} graph(s) compiled ({max(graphs - 1, 0)} recompilation(s); {shapes})"
+
+
+def bleu_share(bleu_seconds: float, elapsed: float) -> str:
+    """Validation BLEU's share of the time trained so far, for the valid line: its cost, which grows where the
+    budget is short and the model undertrained (outputs that run to the maximum length), and where the share is
+    large (`BLEU_SHARE_HINT`), the key that lowers it."""
+    share = bleu_seconds / max(elapsed, 1e-9)
+    hint = ": fewer train.valid_bleu_sentences cost less (0: none)" if share >= BLEU_SHARE_HINT else ""
+    return f"validation BLEU so far {share:.0%} of the time{hint}"
 
 
 def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float) -> list[tuple[str, str]]:
