@@ -484,6 +484,40 @@ def test_the_convergence_rule():
     assert unconverged([(2000, 4.9), (3000, 4.3)], 1000) is not None  # 12%
 
 
+def test_a_run_that_ends_before_its_second_validation_is_judged_by_its_training_perplexity():
+    """One validation (the final one, perplexity 40) shows no trend; the training perplexity, falling 25% over
+    the second half of the run, does. A flat one, or too few records to reach back half the run, warn nothing."""
+    falling = [(100, 80.0), (200, 60.0), (300, 52.0), (400, 45.0)]
+    why = unconverged([(400, 40.0)], 1000, falling)
+    assert why == (
+        "no validation came train.validate_every=1000 updates before the last to compare with, and the training "
+        "perplexity fell 25% in the last 200 updates (60.00 at update 200, 45.00 at 400), more than 10%: the model "
+        "is still learning fast"
+    )
+    assert unconverged([(400, 40.0)], 1000, [(200, 46.0), (300, 45.5), (400, 45.0)]) is None  # 2%: converging
+    assert unconverged([(400, 40.0)], 1000, [(300, 60.0), (400, 45.0)]) is None  # nothing in the first half
+    assert unconverged([(400, 40.0)], 1000) is None  # no training record (train.log_every above the run)
+    # a validation trend, where there is one, decides: the training records are not read
+    assert unconverged([(0, 41.0), (1000, 40.0)], 1000, falling) is None
+
+
+def test_the_unconverged_warning_reads_the_runs_training_records(prepared_toy, tmp_path):
+    trainer = Trainer(run_config(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100), setup())
+    trainer.progress.update, trainer.progress.valid_history = 400, [[400, math.log(40.0)]]
+    trained = [(200, math.log(60.0)), (400, math.log(45.0))]
+    warnings = final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 1.0, trained)
+    trainer.log.files.close()
+    assert [reason for reason, _ in warnings] == ["unconverged"]
+    assert "training stopped at update 400 far from converged: no validation came" in warnings[0][1]
+    assert not final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 1.0)
+
+    run = tmp_path / "ran"
+    trainer = Trainer(run_config(prepared_toy, run, max_updates=3, log_every=1, validate_every=100), setup())
+    trainer.run()
+    assert trainer.log.trained == [(m["update"], m["nll"]) for m in metric_records(run) if m["kind"] == "train"]
+    assert [u for u, _ in trainer.log.trained] == [1, 2, 3]
+
+
 def test_the_valid_line_gives_validation_bleus_share_of_the_time():
     assert bleu_share(3.0, 100.0) == "validation BLEU so far 3% of the time"
     assert bleu_share(17.0, 100.0) == (

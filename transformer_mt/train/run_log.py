@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,7 @@ class RunLog:
         # no bar there; `train` prints a plain line every train.log_every updates instead.
         self.log_lines = not is_terminal(sys.stderr)
         self.started, self.bleu_seconds = time.monotonic(), 0.0  # validation BLEU's share of this process's time
+        self.trained: list[tuple[int, float]] = []  # (update, training NLL) of each train record of this process
 
     def announce(self, update: int) -> None:
         """The run's shape on stderr (model size, processes, tokens per update, sentences left out); config.yaml."""
@@ -156,6 +158,7 @@ class RunLog:
             compiled_graphs=compiled_graphs() - self.graphs_before if self.cfg.train.compile else None,
         )  # fmt: skip
         self.files.log(record)
+        self.trained.append((p.update, record.nll))
         if self.log_lines:
             total = f"/{budget.horizon}" if budget.horizon else ""
             mfu = f", MFU {record.mfu:.1%}" if record.mfu is not None else ""
@@ -225,10 +228,13 @@ def bleu_share(bleu_seconds: float, elapsed: float) -> str:
     return f"validation BLEU so far {share:.0%} of the time{hint}"
 
 
-def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float) -> list[tuple[str, str]]:
+def final_warnings(
+    tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float, trained: Sequence[tuple[int, float]] = ()
+) -> list[tuple[str, str]]:
     """(reason, message) for each way a run ends badly trained: inside its warmup, or far from converged.
 
-    ``progress`` is the run's (0..1) at its end (`Budget.progress`).
+    ``progress`` is the run's (0..1) at its end (`Budget.progress`); ``trained`` the (update, training NLL) of its
+    train records (`RunLog.trained`), which judge a run that ended before its second validation.
     """
     found = []
     if schedule.warming_up(p.update, progress):
@@ -239,7 +245,8 @@ def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, pro
             "(train.max_updates / train.max_minutes) or shorten the warmup (train.warmup, or "
             f"train.warmup_fraction with train.lr{', train.min_warmup' if tc.min_warmup > 0 else ''})",
         ))  # fmt: skip
-    why = unconverged([(int(u), perplexity(nll)) for u, nll in p.valid_history], tc.validate_every)
+    valid = [(int(u), perplexity(nll)) for u, nll in p.valid_history]
+    why = unconverged(valid, tc.validate_every, [(u, perplexity(nll)) for u, nll in trained])
     if why:
         found.append((
             "unconverged",

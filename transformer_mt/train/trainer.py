@@ -258,7 +258,7 @@ class Trainer:
             self._save()  # last, so that no record is later than the checkpoint a resume starts from
         elif self.env.is_main:  # a run found finished: end the strip that a kill may have cut short at its last save
             strip_older_checkpoints(self.save_dir, self.save_dir / checkpoint_name(p.update))
-        warnings = final_warnings(self.cfg.train, p, self.schedule, self.budget.progress(p.update))
+        warnings = final_warnings(self.cfg.train, p, self.schedule, self.budget.progress(p.update), self.log.trained)
         if self.log.files is not None:
             self.log.done(p, self.stop_reason, self.last_save_minutes, warnings)
         return TrainResult(
