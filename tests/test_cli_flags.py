@@ -98,3 +98,24 @@ def test_version_prints_the_packages_version_and_runs_no_command() -> None:
     declared = re.search(r'^version = "(.+)"$', pyproject, re.M).group(1)
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"tmt {__version__}\n" and __version__ == declared
+
+
+def test_help_wraps_at_80_columns_and_cuts_nothing(commands: dict[str, click.Command]) -> None:
+    """At 80 columns every help text is whole, wrapped onto more lines: no "…" where a text was cut, every line
+    within the width, each option's and each command's text all there (compared without the wrapping's spaces)."""
+
+    def help_of(*args: str) -> str:
+        result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.output
+        assert max(map(len, result.output.splitlines())) <= 80, result.output
+        return "".join(result.output.split())
+
+    top = help_of()
+    for name, command in commands.items():
+        assert "".join(command.get_short_help_str(10**6).split()) in top, name
+        text = help_of(name)
+        for param in command.params:
+            if getattr(param, "help", None):
+                assert "".join(param.help.split()) in text, f"tmt {name} {param.opts}"
+    assert "".join(commands["translate"].params[0].opts) != ""  # the loop above saw options

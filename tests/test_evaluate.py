@@ -375,3 +375,35 @@ def test_evaluate_ensemble_decodes_the_checkpoints_together(split_ckpt: Path, pr
     t.show_progress = False
     sources = (split_ckpt.parent.parent / "test.en").read_text(encoding="utf-8").splitlines()
     assert (out / "hyp.de").read_text(encoding="utf-8").splitlines() == t.translate_lines(sources)
+
+
+def test_evaluate_of_a_run_directory_records_the_file_the_model_card_finds(
+    split_ckpt: Path, prepared_toy: Config, tmp_path: Path
+) -> None:
+    """`tmt evaluate test -c RUN_DIR` records the checkpoint it decoded, so that `tmt export hf -c RUN_DIR/FILE`
+    puts its score in the model card; a record of an older tmt, which named the directory, still counts; an
+    evaluation that replaces an earlier one in the same directory says so on stderr, naming it."""
+    import shutil
+
+    from transformer_mt.export.hf import model_card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(split_ckpt, run / "checkpoint_best.pt")
+    first = CliRunner().invoke(app, ["evaluate", "test", "-c", str(run), "--beam", "1"])
+    assert first.exit_code == 0, first.output
+    assert "replaced" not in first.stderr
+    scores = json.loads((run / "eval_test" / "scores.json").read_text())
+    assert scores["checkpoints"] == [str((run / "checkpoint_best.pt").resolve())]
+    row = f"| test | {scores['sacrebleu']['score']:.2f} |"
+    assert row in model_card(prepared_toy, [run / "checkpoint_best.pt"], 1, [])
+
+    (run / "eval_test" / "scores.json").write_text(json.dumps({**scores, "checkpoints": [str(run)]}))  # the old way
+    assert row in model_card(prepared_toy, [run / "checkpoint_best.pt"], 1, [])
+
+    again = CliRunner().invoke(app, ["evaluate", "test", "-c", str(run / "checkpoint_best.pt"), "--beam", "2"])
+    assert again.exit_code == 0, again.output
+    (line,) = [x for x in again.stderr.splitlines() if "replaced" in x]
+    assert line.startswith(f"replaced the earlier evaluation in {run / 'eval_test'} (of {run}, sacreBLEU ")
+    assert "-o DIR" in line
+    assert json.loads((run / "eval_test" / "scores.json").read_text())["decode"]["beam_size"] == 2

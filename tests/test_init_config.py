@@ -62,6 +62,8 @@ def test_the_written_config_is_complete_self_contained_and_loads_as_chosen(corpu
     assert (cfg.data.dir, cfg.train.save_dir, cfg.data.synth) == ("prepared/mine", "runs/mine", False)
     assert "d_model: 256  # chose: the small model (tmt:multi30k.yaml): 120 pairs < 100,000" in text
     assert "  label_smoothing: 0.1\n" in text and "adam_eps: 1.0e-09" in text  # PyYAML reads 1e-09 as a string
+    (bleu_line,) = [line for line in text.splitlines() if line.startswith("  valid_bleu_sentences: ")]
+    assert "it costs time" in bleu_line and "each valid line prints its share; 0 turns it off" in bleu_line
     assert f"# Paths are relative to the directory tmt runs in: run it from {corpus_files}" in text
 
 

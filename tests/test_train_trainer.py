@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from transformer_mt.train.budget import clock_marks
 from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
-from transformer_mt.train.run_log import Window, final_warnings
+from transformer_mt.train.run_log import Window, bleu_share, final_warnings
 from transformer_mt.train.step import (
     Stepper,
     TrainError,
@@ -483,6 +484,47 @@ def test_the_convergence_rule():
     assert unconverged([(2000, 4.9), (3000, 4.3)], 1000) is not None  # 12%
 
 
+def test_a_run_that_ends_before_its_second_validation_is_judged_by_its_training_perplexity():
+    """One validation (the final one, perplexity 40) shows no trend; the training perplexity, falling 25% over
+    the second half of the run, does. A flat one, or too few records to reach back half the run, warn nothing."""
+    falling = [(100, 80.0), (200, 60.0), (300, 52.0), (400, 45.0)]
+    why = unconverged([(400, 40.0)], 1000, falling)
+    assert why == (
+        "no validation came train.validate_every=1000 updates before the last to compare with, and the training "
+        "perplexity fell 25% in the last 200 updates (60.00 at update 200, 45.00 at 400), more than 10%: the model "
+        "is still learning fast"
+    )
+    assert unconverged([(400, 40.0)], 1000, [(200, 46.0), (300, 45.5), (400, 45.0)]) is None  # 2%: converging
+    assert unconverged([(400, 40.0)], 1000, [(300, 60.0), (400, 45.0)]) is None  # nothing in the first half
+    assert unconverged([(400, 40.0)], 1000) is None  # no training record (train.log_every above the run)
+    # a validation trend, where there is one, decides: the training records are not read
+    assert unconverged([(0, 41.0), (1000, 40.0)], 1000, falling) is None
+
+
+def test_the_unconverged_warning_reads_the_runs_training_records(prepared_toy, tmp_path):
+    trainer = Trainer(run_config(prepared_toy, tmp_path / "run", max_updates=3, validate_every=100), setup())
+    trainer.progress.update, trainer.progress.valid_history = 400, [[400, math.log(40.0)]]
+    trained = [(200, math.log(60.0)), (400, math.log(45.0))]
+    warnings = final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 1.0, trained)
+    trainer.log.files.close()
+    assert [reason for reason, _ in warnings] == ["unconverged"]
+    assert "training stopped at update 400 far from converged: no validation came" in warnings[0][1]
+    assert not final_warnings(trainer.cfg.train, trainer.progress, trainer.schedule, 1.0)
+
+    run = tmp_path / "ran"
+    trainer = Trainer(run_config(prepared_toy, run, max_updates=3, log_every=1, validate_every=100), setup())
+    trainer.run()
+    assert trainer.log.trained == [(m["update"], m["nll"]) for m in metric_records(run) if m["kind"] == "train"]
+    assert [u for u, _ in trainer.log.trained] == [1, 2, 3]
+
+
+def test_the_valid_line_gives_validation_bleus_share_of_the_time():
+    assert bleu_share(3.0, 100.0) == "validation BLEU so far 3% of the time"
+    assert bleu_share(17.0, 100.0) == (
+        "validation BLEU so far 17% of the time: fewer train.valid_bleu_sentences cost less (0: none)"
+    )
+
+
 def _valid_sentences(cfg: Config, n: int) -> tuple[list[str], list[str]]:
     d = cfg.data
     src, ref = (Path(f"{d.valid}.{lang}").read_text(encoding="utf-8").splitlines()[:n] for lang in ("en", "de"))
@@ -503,7 +545,9 @@ def test_validation_bleu_is_logged_and_checkpoint_best_follows_it(prepared_toy, 
     best = load_state(run / BEST_NAME)
     assert best["update"] == valid[bleus.index(max(bleus))]["update"] and best["valid_bleu"] == max(bleus)
     assert result.best_valid_bleu == max(bleus) and not [m for m in metric_records(run) if m.get("reason") == "warmup"]
-    assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"bleu {bleus[-1]:.2f} (best {max(bleus):.2f}; 12 sentences" in err
+    assert len(re.findall(r"s; validation BLEU so far \d+% of the time", err)) == 4  # its cost, at every validation
 
     # the logged figure is what `tmt evaluate` would compute: the same weights, beam 1, sacreBLEU
     translator = Translator.from_checkpoints([run / BEST_NAME], device="cpu", overrides=["decode.beam_size=1"])

@@ -8,10 +8,13 @@ never stops another.
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from typer.core import TyperGroup
 
@@ -55,6 +58,13 @@ class Commands(TyperGroup):
                 raise
             typer.secho(f"error: {os_error_message(err)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's first sentence whole, wrapped to the terminal: click's listing cuts it at the width."""
+        commands = [c for c in map(partial(self.get_command, ctx), self.list_commands(ctx)) if c and not c.hidden]
+        rows = [(c.name or "", c.get_short_help_str(sys.maxsize)) for c in commands]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
@@ -115,6 +125,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help, which wraps every text at any width; rich's tables cut it with "…"
 )
 
 
@@ -800,7 +811,9 @@ def evaluate(
     valid) scores the raw files of the split the checkpoint's config names,
     data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
     it was trained in. Writes hyp.<lang> and scores.json to --out-dir
-    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test).
+    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test);
+    an earlier evaluation there is replaced, and stderr names it: give each its own -o to keep both.
+    scores.json names the checkpoint file decoded (for -c RUN_DIR, the file it stands for).
     """
     from transformer_mt.evaluate import evaluate_checkpoint
 

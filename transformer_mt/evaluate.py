@@ -8,11 +8,13 @@ BLEU), with the decoding settings, in ``scores.json``.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.checkpoint import decoded_file
 from transformer_mt.config import DataConfig, DecodeConfig
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
@@ -93,13 +95,14 @@ def evaluate_checkpoint(
     out_dir = _output_dir(output, Path(checkpoints[0]), name)
     hyp_path = out_dir / f"hyp.{data.tgt_lang}"
     hyps = translator.translate_lines(sources)
+    replaced = _earlier(out_dir)
     atomic_write_lines(hyp_path, hyps)
     empty, warning = empty_outputs(sources, hyps)
     scores = {
         "testset": name,
         "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
         "src": str(src_path),
-        "checkpoints": [str(c) for c in checkpoints],
+        "checkpoints": [str(decoded_file(Path(c))) for c in checkpoints],  # the files decoded, not a run directory
         "engine": engine,
         "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
         "decode": _decode_settings(translator.cfg.decode),
@@ -107,7 +110,7 @@ def evaluate_checkpoint(
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }
     write_scores(out_dir / SCORES_NAME, scores)
-    _report(scores, out_dir, warning)
+    _report(scores, out_dir, warning, replaced)
     return scores
 
 
@@ -152,10 +155,29 @@ def _decode_settings(d: DecodeConfig) -> dict[str, Any]:
             "max_len_a": d.max_len_a, "max_len_b": d.max_len_b, "quantize": d.quantize, "stopping": d.stopping}  # fmt: skip
 
 
-def _report(scores: dict[str, Any], out_dir: Path, warning: str | None) -> None:
-    """The scores on stdout (what a script reads); where they are and any empty-output warning on stderr."""
+def _earlier(out_dir: Path) -> str | None:
+    """What an earlier evaluation left in ``out_dir`` (the default ``eval_<name>`` is the same for every checkpoint
+    of a run), named so that replacing it is said: its checkpoints and sacreBLEU; None when there is none."""
+    path = out_dir / SCORES_NAME
+    if not path.is_file():
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        return f"{', '.join(map(str, old['checkpoints']))}, sacreBLEU {float(old['sacrebleu']['score']):.2f}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return f"{path}, unreadable"
+
+
+def _report(scores: dict[str, Any], out_dir: Path, warning: str | None, replaced: str | None) -> None:
+    """The scores on stdout (what a script reads); where they are, what they replaced and any empty-output warning
+    on stderr."""
     print(format_scores(scores), file=sys.stdout)
     print(f"hypotheses and scores: {out_dir}", file=sys.stderr)
+    if replaced:
+        print(
+            f"replaced the earlier evaluation in {out_dir} (of {replaced}); -o DIR keeps each in its own",
+            file=sys.stderr,
+        )
     if warning:
         print(warning, file=sys.stderr)
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from tqdm import tqdm
 
 from transformer_mt import config as config_module
 from transformer_mt.config import Config, ConfigError, apply_override, load_config, validate
 from transformer_mt.data.clean import filter_reason, normalize, read_lines
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.files import atomic_write_text
+from transformer_mt.progress import progress
 
 Preset = Literal["small", "base", "big"]
 PRESETS: dict[str, str] = {"small": "tmt:multi30k.yaml", "base": "tmt:base.yaml", "big": "tmt:big.yaml"}
@@ -45,6 +45,11 @@ PIECES_PER_WORD = 1.3  # BPE pieces per whitespace word at these vocabulary size
 PADDING = 1.1  # padded tokens per real token in length-bucketed batches (tmt data-stats measures it)
 RATIOS = (1.5, 2.0, 3.0)  # data.max_ratio: the smallest that drops at most 1% of the pairs
 VALID_BLEU_SENTENCES = {"small": 200, "base": 500, "big": 500}
+VALID_BLEU_WHY = (
+    "each validation also reports greedy sacreBLEU on these; it costs time: seconds to tens of seconds a validation "
+    "(most while the model is undertrained and its outputs run long), up to a sixth of a short budget; each valid "
+    "line prints its share; 0 turns it off"
+)
 _SECTION_OF = {type(getattr(Config(), f.name)).__name__: f.name for f in dataclasses.fields(Config)}
 
 
@@ -106,7 +111,7 @@ def _count(path: Path, sample_types: bool, show: bool) -> Side:
     """Lines and words of one file (read as tmt prepare reads it), and its distinct words in the first lines."""
     lines = words = 0
     types: set[str] = set()
-    for line in tqdm(read_lines(path), desc=f"count {path.name}", unit=" lines", disable=not show, leave=False):
+    for line in progress(read_lines(path), desc=f"count {path.name}", unit=" lines", disable=not show, leave=False):
         tokens = normalize(line).split()
         lines, words = lines + 1, words + len(tokens)
         if sample_types and lines <= TYPE_SAMPLE_LINES:
@@ -208,7 +213,7 @@ def choose(corpus: Corpus, preset: Preset | None, minutes: float, name: str) -> 
     _budget(c, corpus, kind, minutes)
     c.set("train.save_dir", f"runs/{name}", "checkpoints, metrics.jsonl and config.yaml of the run")
     valid_bleu = min(corpus.valid_pairs, VALID_BLEU_SENTENCES[kind])
-    c.set("train.valid_bleu_sentences", valid_bleu, "each validation also reports greedy sacreBLEU on these")
+    c.set("train.valid_bleu_sentences", valid_bleu, VALID_BLEU_WHY)
     validate(c.config)
     return c
 

@@ -15,7 +15,7 @@ from transformer_mt.checkpoint.format import (
 )
 from transformer_mt.checkpoint.io import checkpoint_problem, read_checkpoint, strip_training_state, write_checkpoint
 from transformer_mt.checkpoint.mean import read_average
-from transformer_mt.checkpoint.run_dir import run_dir_checkpoint
+from transformer_mt.checkpoint.run_dir import decoded_file, run_dir_checkpoint
 
 __all__ = [
     "Batching",
@@ -26,6 +26,7 @@ __all__ = [
     "TrainingState",
     "check_weights",
     "checkpoint_problem",
+    "decoded_file",
     "from_state",
     "read_average",
     "read_checkpoint",

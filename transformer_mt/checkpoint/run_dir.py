@@ -18,6 +18,13 @@ def run_dir_checkpoint(path: Path) -> Path | None:
     return next((path / name for name in RUN_DIR_CHOICES if (path / name).is_file()), None)
 
 
+def decoded_file(path: Path) -> Path:
+    """The resolved file ``-c path`` decodes: what `tmt evaluate` records in scores.json, so that the model card of
+    `tmt export hf -c RUN_DIR/average.pt` finds scores of ``-c RUN_DIR``. A record of an older tmt names the
+    directory; read through this it names the file the directory stands for now."""
+    return (run_dir_checkpoint(path) or path).resolve()
+
+
 def directory_message(path: Path) -> str:
     """A directory where one checkpoint file is needed: name the files of it a user most likely meant."""
     found = [path / name for name in RUN_DIR_CHOICES if (path / name).is_file()]

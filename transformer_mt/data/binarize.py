@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
-from tqdm import tqdm
 
 from transformer_mt.data.bpe import UNK, load_bpe
+from transformer_mt.progress import progress
 
 CHUNK_PAIRS = 2000  # sentence pairs per unit of work handed to a worker
 _HEADER_BYTES = 128  # room reserved for the .npy header; enough for any 1-D shape
@@ -134,7 +134,7 @@ def encode_split(
     ``workers`` processes encode chunks in parallel (1: in this process).
     Returns the source and target tokens, ``<unk>`` among them.
     """
-    bar = tqdm(total=pairs, desc=f"encode {src_text.name.rsplit('.', 2)[0]}", unit="pairs", leave=False)
+    bar = progress(total=pairs, desc=f"encode {src_text.name.rsplit('.', 2)[0]}", unit="pairs", leave=False)
     totals = TokenCounts()
 
     def write(result: tuple[np.ndarray, ...]) -> None:

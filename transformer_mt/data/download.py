@@ -36,8 +36,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from transformer_mt.data.download_files import (
     CHUNK,
     DownloadError,
@@ -55,6 +53,7 @@ from transformer_mt.data.download_files import (
 from transformer_mt.data.download_statmt import download_statmt
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
+from transformer_mt.progress import progress
 
 SOURCES = ("hf", "statmt")
 HF_HUB_PATH = "wmt/wmt14"
@@ -122,7 +121,7 @@ def download_hf(pair: str, out: Path, hub_path: str = HF_HUB_PATH) -> list[Summa
     if is_complete(out, "train", langs, label):
         return [skipped_row(out, "train", langs, label)]
     writer = ParallelWriter(out, "train", langs, label)
-    with writer, tqdm(desc=f"{config} train", unit=" pairs", unit_scale=True) as bar:
+    with writer, progress(desc=f"{config} train", unit=" pairs", unit_scale=True) as bar:
         for sources, targets in _hf_batches(hub_path, config, "train", pair):
             for src, tgt in zip(sources, targets, strict=True):
                 writer.add(src or "", tgt or "")
@@ -232,7 +231,7 @@ def _copy_text(src: Path, fout: Output) -> dict[str, Any]:
     digest, lines, size, last = hashlib.sha256(), 0, 0, b"\n"
     with (
         open(src, "rb") as fin,
-        tqdm(total=src.stat().st_size, desc=src.name, unit="B", unit_scale=True, leave=False) as bar,
+        progress(total=src.stat().st_size, desc=src.name, unit="B", unit_scale=True, leave=False) as bar,
     ):
         while chunk := fin.read(CHUNK):
             try:

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from tqdm import tqdm
-
 from transformer_mt.data.download_files import (
     CHUNK,
     DownloadError,
@@ -38,6 +36,7 @@ from transformer_mt.data.download_files import (
     skipped_row,
 )
 from transformer_mt.files import atomic_open
+from transformer_mt.progress import progress
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ def _fetch_bytes(corpus: Corpus, part: Path, start: int, opener: Opener, pair: s
     with response:
         if start and getattr(response, "status", 200) != 206:
             start = 0  # the server ignored Range: start over
-        bar = tqdm(total=corpus.size, initial=start, desc=corpus.name, unit="B", unit_scale=True, unit_divisor=1024)
+        bar = progress(total=corpus.size, initial=start, desc=corpus.name, unit="B", unit_scale=True, unit_divisor=1024)
         try:
             with _open_part(part, append=bool(start)) as f, bar:
                 while chunk := response.read(CHUNK):
@@ -228,7 +227,7 @@ def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with (
         open(path, "rb") as f,
-        tqdm(total=path.stat().st_size, desc=f"sha256 {path.name}", unit="B", unit_scale=True, leave=False) as bar,
+        progress(total=path.stat().st_size, desc=f"sha256 {path.name}", unit="B", unit_scale=True, leave=False) as bar,
     ):
         while chunk := f.read(CHUNK):
             digest.update(chunk)

@@ -64,6 +64,7 @@ from transformer_mt.data.manifest import (
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.errors import UserError
 from transformer_mt.files import atomic_write_text, check_output_parent
+from transformer_mt.progress import progress
 
 TRAINING_ONLY = ("model", "sampling_alpha")  # bpe keys outside the hash of a learned model (see _bpe_hash)
 SYNTH_HELD_OUT = 1000  # valid and test pairs of the generated toy corpus
@@ -387,7 +388,7 @@ def _hash_file(path: Path, size: int, quiet: bool) -> tuple[str, int]:
     digest, lines, last = hashlib.sha256(), 0, b"\n"
     with (
         open(path, "rb") as f,
-        tqdm(
+        progress(
             total=size, desc=f"hash {path.name}", unit="B", unit_scale=True, leave=False, disable=quiet or None
         ) as bar,
     ):
@@ -441,7 +442,7 @@ def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int, sample: Bpe
     with (
         open(work / f"{s.name}.src.txt", "w", encoding="utf-8") as fs,
         open(work / f"{s.name}.tgt.txt", "w", encoding="utf-8") as ft,
-        tqdm(total=total, desc=f"clean {s.name}", unit="pairs", leave=False) as bar,
+        progress(total=total, desc=f"clean {s.name}", unit="pairs", leave=False) as bar,
     ):
         for raw_src, raw_tgt in zip(src_in, tgt_in, strict=True):
             read += 1

@@ -16,10 +16,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.files import atomic_path, atomic_write_text
+from transformer_mt.progress import progress
 
 CASES = ("nom", "acc", "dat")
 _DEF = {"m": ("der", "den", "dem"), "f": ("die", "die", "der"), "n": ("das", "das", "dem"), "pl": ("die", "die", "den")}
@@ -264,7 +263,7 @@ def _finish(words: list[str]) -> str:
 def generate(n: int, rng: random.Random, exclude: set[str], desc: str) -> list[tuple[str, str]]:
     """``n`` distinct pairs whose English side is not in ``exclude`` (which grows by them)."""
     pairs = []
-    with tqdm(total=n, desc=desc, unit="pairs", disable=n < 10_000, leave=False) as bar:
+    with progress(total=n, desc=desc, unit="pairs", disable=n < 10_000, leave=False) as bar:
         while len(pairs) < n:
             en, de = sentence_pair(rng)
             if en in exclude:
@@ -311,7 +310,7 @@ def _write_train(out: Path, src_lang: str, tgt_lang: str, n: int, rng: random.Ra
         open(tmp_tgt, "w", encoding="utf-8", newline="\n") as ft,
     ):
         written = 0
-        with tqdm(total=n, desc="train", unit="pairs", disable=n < 10_000, leave=False) as bar:
+        with progress(total=n, desc="train", unit="pairs", disable=n < 10_000, leave=False) as bar:
             while written < n:
                 en, de = sentence_pair(rng)
                 if en in held_out:

@@ -17,12 +17,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from transformer_mt.data.clean import normalize, read_lines
 from transformer_mt.decode.constrained import split_constraints
 from transformer_mt.decode.translate import TranslateError, Translation, Translator, check_mode, load_translator
 from transformer_mt.files import atomic_write_lines
+from transformer_mt.progress import progress
 
 
 def input_lines(input: str | Path | None) -> Iterator[str]:
@@ -235,7 +234,7 @@ def translate_file(
     counts = EmptyCount()
     # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
     # found before any translation is the only line printed
-    with tqdm(unit="sent", desc="translate", file=sys.stderr, disable=not translator.show_progress, delay=0.5) as bar:
+    with progress(unit="sent", desc="translate", disable=not translator.show_progress, delay=0.5) as bar:
         translator.progress = bar
         windows_ = itertools.chain([first] if first else [], chunks)
         outputs = translated_windows(translator, windows_, counts, names[1], constraints)

@@ -61,6 +61,7 @@ from transformer_mt.decode.settings import SearchSettings
 from transformer_mt.errors import UserError, out_of_memory
 from transformer_mt.malloc import FreedMemory
 from transformer_mt.model.transformer import Transformer
+from transformer_mt.progress import Bar, progress
 
 
 class TranslateError(UserError):
@@ -116,7 +117,7 @@ class Translator:
         self.cfg = cfg
         self.device = torch.device(device)
         self.show_progress = True
-        self.progress: tqdm | None = None  # a bar of the caller's that batches count on, instead of one per call
+        self.progress: Bar | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
         self.direction = choose(cfg.data, None, None) if not multilingual(cfg.data) else None  # `toward` sets it
@@ -283,11 +284,11 @@ class Translator:
                     self.freed.release()  # what a batch freed goes back to the system: memory stays at one batch's
         return results
 
-    def _progress(self, total: int) -> contextlib.AbstractContextManager[tqdm]:
+    def _progress(self, total: int) -> contextlib.AbstractContextManager[Bar]:
         """The caller's bar (``progress``), or a bar of this call's ``total`` lines (shown with ``show_progress``)."""
         if self.progress is not None:
             return contextlib.nullcontext(self.progress)
-        return tqdm(total=total, unit="sent", desc="translate", file=sys.stderr, disable=not self.show_progress)
+        return progress(total=total, unit="sent", desc="translate", disable=not self.show_progress)
 
     def encode(self, index: int, line: str) -> list[int]:
         """Normalized, BPE-encoded source ids plus EOS ([] for an empty line), truncated to the model's positions."""

@@ -45,6 +45,7 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
+from transformer_mt.checkpoint import decoded_file
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
 from transformer_mt.decode.load import load_model
@@ -261,7 +262,8 @@ What `generate` cannot express of tmt's decoding:
 
 
 def _scores(checkpoints: Sequence[Path]) -> list[dict[str, Any]]:
-    """The `tmt evaluate` results beside the first checkpoint that were decoded from these checkpoints."""
+    """The `tmt evaluate` results beside the first checkpoint that were decoded from these checkpoints (a record of
+    ``-c RUN_DIR`` by an older tmt counts for the file that directory stands for: `decoded_file`)."""
     wanted = {p.resolve() for p in checkpoints}
     found = []
     for path in sorted(checkpoints[0].parent.glob(f"{EVAL_PREFIX}*/{SCORES_NAME}")):
@@ -269,7 +271,7 @@ def _scores(checkpoints: Sequence[Path]) -> list[dict[str, Any]]:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if {Path(c).resolve() for c in scores.get("checkpoints", [])} == wanted and "sacrebleu" in scores:
+        if {decoded_file(Path(c)) for c in scores.get("checkpoints", [])} == wanted and "sacrebleu" in scores:
             found.append(scores)
     return found
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import TrainingProgress
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.model.transformer import count_parameters, flops_per_token
+from transformer_mt.progress import Bar, is_terminal
 from transformer_mt.runs import EndRecord, TrainRecord, ValidRecord, WarningRecord
 from transformer_mt.train.budget import Budget
 from transformer_mt.train.build import RunData, compiled_graphs
@@ -30,6 +32,8 @@ from transformer_mt.train.run_files import RunFiles, start_record, write_config
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import Stepper, UpdateStats, cpu_has_bf16
 from transformer_mt.train.validation import unconverged
+
+BLEU_SHARE_HINT = 0.10  # validation BLEU past this share of the time: the valid line names the key that lowers it
 
 
 @dataclass
@@ -96,7 +100,9 @@ class RunLog:
         self.graphs_before = compiled_graphs() if cfg.train.compile else 0  # graphs torch.compile built before
         # Not a terminal (CI logs, nohup, a file): carriage-return updates would make one endless line, so
         # no bar there; `train` prints a plain line every train.log_every updates instead.
-        self.log_lines = not sys.stderr.isatty()
+        self.log_lines = not is_terminal(sys.stderr)
+        self.started, self.bleu_seconds = time.monotonic(), 0.0  # validation BLEU's share of this process's time
+        self.trained: list[tuple[int, float]] = []  # (update, training NLL) of each train record of this process
 
     def announce(self, update: int) -> None:
         """The run's shape on stderr (model size, processes, tokens per update, sentences left out); config.yaml."""
@@ -126,7 +132,7 @@ class RunLog:
                 "here, several times slower than fp32; train.precision=auto trains in fp32 on this CPU"
             ))  # fmt: skip
 
-    def show(self, window: Window, bar: tqdm, log: bool, p: TrainingProgress, lr: float, budget: Budget) -> None:
+    def show(self, window: Window, bar: Bar, log: bool, p: TrainingProgress, lr: float, budget: Budget) -> None:
         """The progress bar's figures, and at a log line the `train` record and line (rank 0)."""
         tokens = max(float(window.tokens), 1.0)
         seconds = max(time.monotonic() - window.start, 1e-9)
@@ -152,6 +158,7 @@ class RunLog:
             compiled_graphs=compiled_graphs() - self.graphs_before if self.cfg.train.compile else None,
         )  # fmt: skip
         self.files.log(record)
+        self.trained.append((p.update, record.nll))
         if self.log_lines:
             total = f"/{budget.horizon}" if budget.horizon else ""
             mfu = f", MFU {record.mfu:.1%}" if record.mfu is not None else ""
@@ -187,9 +194,10 @@ class RunLog:
         )  # fmt: skip
         line = f"loss {loss:.4f} nll {nll:.4f} ppl {perplexity(nll):.2f} (best {p.best_valid_loss:.4f})"
         if bleu is not None:
+            self.bleu_seconds += bleu["bleu_seconds"]
             line += (
                 f"; bleu {bleu['bleu']:.2f} (best {p.best_valid_bleu:.2f}; {bleu['bleu_sentences']} sentences, "
-                f"{bleu['bleu_seconds']:.1f} s)"
+                f"{bleu['bleu_seconds']:.1f} s; {bleu_share(self.bleu_seconds, time.monotonic() - self.started)})"
             )
         if tc.patience > 0:
             line += f"; {p.stale_validations}/{tc.patience} validations without a new best {tc.best_metric}"
@@ -230,10 +238,22 @@ class RunLog:
         return f"torch.compile: {graphs} graph(s) compiled ({max(graphs - 1, 0)} recompilation(s); {shapes})"
 
 
-def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float) -> list[tuple[str, str]]:
+def bleu_share(bleu_seconds: float, elapsed: float) -> str:
+    """Validation BLEU's share of the time trained so far, for the valid line: its cost, which grows where the
+    budget is short and the model undertrained (outputs that run to the maximum length), and where the share is
+    large (`BLEU_SHARE_HINT`), the key that lowers it."""
+    share = bleu_seconds / max(elapsed, 1e-9)
+    hint = ": fewer train.valid_bleu_sentences cost less (0: none)" if share >= BLEU_SHARE_HINT else ""
+    return f"validation BLEU so far {share:.0%} of the time{hint}"
+
+
+def final_warnings(
+    tc: TrainConfig, p: TrainingProgress, schedule: Schedule, progress: float, trained: Sequence[tuple[int, float]] = ()
+) -> list[tuple[str, str]]:
     """(reason, message) for each way a run ends badly trained: inside its warmup, or far from converged.
 
-    ``progress`` is the run's (0..1) at its end (`Budget.progress`).
+    ``progress`` is the run's (0..1) at its end (`Budget.progress`); ``trained`` the (update, training NLL) of its
+    train records (`RunLog.trained`), which judge a run that ended before its second validation.
     """
     found = []
     if schedule.warming_up(p.update, progress):
@@ -244,7 +264,8 @@ def final_warnings(tc: TrainConfig, p: TrainingProgress, schedule: Schedule, pro
             "(train.max_updates / train.max_minutes) or shorten the warmup (train.warmup, or "
             f"train.warmup_fraction with train.lr{', train.min_warmup' if tc.min_warmup > 0 else ''})",
         ))  # fmt: skip
-    why = unconverged([(int(u), perplexity(nll)) for u, nll in p.valid_history], tc.validate_every)
+    valid = [(int(u), perplexity(nll)) for u, nll in p.valid_history]
+    why = unconverged(valid, tc.validate_every, [(u, perplexity(nll)) for u, nll in trained])
     if why:
         found.append((
             "unconverged",

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from transformer_mt.checkpoint import Checkpoint, TrainingProgress, TrainingState, write_checkpoint
 from transformer_mt.config import Config
 from transformer_mt.cpus import use_threads
 from transformer_mt.data.dataset import Batch
 from transformer_mt.malloc import release_free_memory
+from transformer_mt.progress import Bar, progress
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.budget import Budget, Clock, horizon_updates, stop_reason
 from transformer_mt.train.build import build_stepper, load_run_data
@@ -99,9 +99,9 @@ class Trainer:
         """Train until a budget (or patience) stops the run; validate and save at the end."""
         p, tc = self.progress, self.cfg.train
         self.stepper.model.train()
-        bar = tqdm(
+        bar = progress(
             total=self.budget.horizon or None, initial=p.update, disable=not self.env.is_main or self.log.log_lines,
-            file=sys.stderr, unit="upd", dynamic_ncols=True, desc="train",
+            unit="upd", dynamic_ncols=True, desc="train",
         )  # fmt: skip
         self.stop_reason = self._spent()
         if not self.stop_reason:
@@ -137,7 +137,7 @@ class Trainer:
         self.lr = self.schedule.lr(update, self.budget.progress(update))
         return apply_gradients(self.stepper, stats, self.lr)
 
-    def _after_update(self, stats: UpdateStats, bar: tqdm) -> None:
+    def _after_update(self, stats: UpdateStats, bar: Bar) -> None:
         """Count the update (or the skip), log, validate every train.validate_every updates."""
         p, tc, window = self.progress, self.cfg.train, self.window
         if not stats.stepped:
@@ -259,7 +259,7 @@ class Trainer:
             self._save()  # last, so that no record is later than the checkpoint a resume starts from
         elif self.env.is_main:  # a run found finished: end the strip that a kill may have cut short at its last save
             strip_older_checkpoints(self.save_dir, self.save_dir / checkpoint_name(p.update))
-        warnings = final_warnings(self.cfg.train, p, self.schedule, self.budget.progress(p.update))
+        warnings = final_warnings(self.cfg.train, p, self.schedule, self.budget.progress(p.update), self.log.trained)
         if self.log.files is not None:
             self.log.done(p, self.stop_reason, self.last_save_minutes, warnings)
         return TrainResult(

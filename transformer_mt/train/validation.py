@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -42,7 +43,9 @@ UNCONVERGED_PPL = 100.0  # a final validation perplexity above this is far from 
 UNCONVERGED_DROP = 0.10  # a perplexity still falling by more than this over a validation interval: still learning fast
 
 
-def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | None:
+def unconverged(
+    history: list[tuple[int, float]], validate_every: int, trained: Sequence[tuple[int, float]] = ()
+) -> str | None:
     """Why a run that ends with these validations is far from converged, or None (the rule of docs/training.md).
 
     ``history`` holds (update, validation perplexity) pairs, oldest first, the
@@ -50,7 +53,9 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
     `UNCONVERGED_PPL`, or more than `UNCONVERGED_DROP` below that of the latest
     validation at least ``validate_every`` updates before it (the final
     validation may come a few updates after a periodic one, too close to see
-    a trend).
+    a trend). A run with no such earlier validation (one that ended before its
+    second) is judged by ``trained``, its (update, training perplexity) records:
+    `training_trend`.
     """
     if not history:
         return None
@@ -58,7 +63,9 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
     if ppl > UNCONVERGED_PPL:
         return f"validation perplexity {ppl:.1f} is above {UNCONVERGED_PPL:g}"
     earlier = [(u, x) for u, x in history[:-1] if u <= update - max(validate_every, 1)]
-    if earlier and ppl < (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
+    if not earlier:
+        return training_trend(trained, validate_every)
+    if ppl < (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
         before, prev = earlier[-1]
         return (
             f"validation perplexity fell {100 * (1 - ppl / prev):.0f}% in the last {update - before} updates "
@@ -66,6 +73,25 @@ def unconverged(history: list[tuple[int, float]], validate_every: int) -> str | 
             "the model is still learning fast"
         )
     return None
+
+
+def training_trend(trained: Sequence[tuple[int, float]], validate_every: int) -> str | None:
+    """Why a run too short for a validation trend is far from converged, from its training perplexity alone: the
+    last record more than `UNCONVERGED_DROP` below the latest one in the first half of the run (each record the
+    mean over train.log_every updates, so that one noisy batch decides nothing), or None."""
+    if not trained:
+        return None
+    update, ppl = trained[-1]
+    earlier = [(u, x) for u, x in trained[:-1] if u <= update // 2]
+    if not earlier or ppl >= (1.0 - UNCONVERGED_DROP) * earlier[-1][1]:
+        return None
+    before, prev = earlier[-1]
+    return (
+        f"no validation came train.validate_every={validate_every} updates before the last to compare with, and "
+        f"the training perplexity fell {100 * (1 - ppl / prev):.0f}% in the last {update - before} updates "
+        f"({prev:.2f} at update {before}, {ppl:.2f} at {update}), more than {UNCONVERGED_DROP:.0%}: "
+        "the model is still learning fast"
+    )
 
 
 def record_validation(
