@@ -284,3 +284,27 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     assert list(report["zero_shot"]) == ["de-fr"]
     assert 0.0 <= report["zero_shot"]["de-fr"]["wrong_language"] <= 1.0
     assert "| de-fr |" in done.stdout
+
+
+def test_evaluate_scores_every_direction_into_its_own_directory(
+    trained: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformer_mt.evaluate import evaluate_checkpoint
+    from transformer_mt.metrics import corpus_sacrebleu
+
+    ck = trained / "checkpoint_u0000012.pt"
+    result = evaluate_checkpoint([ck], "test", output=tmp_path / "all")
+    assert list(result["directions"]) == DIRECTIONS
+    for name, scores in result["directions"].items():
+        src, tgt = name.split("-")
+        hyps = (tmp_path / "all" / name / f"hyp.{tgt}").read_text(encoding="utf-8").splitlines()
+        refs = (corpus / "c" / f"test.{tgt}").read_text(encoding="utf-8").splitlines()
+        assert scores["sacrebleu"]["score"] == pytest.approx(corpus_sacrebleu(hyps, refs)["score"])
+        assert scores["direction"] == name and scores["corpus"] == f"test.{name}"
+        assert json.loads((tmp_path / "all" / name / "scores.json").read_text(encoding="utf-8"))["direction"] == name
+    table = capsys.readouterr().out
+    assert "direction  sacreBLEU  chrF2" in table and all(f"\n{name} " in table for name in DIRECTIONS)
+    one = evaluate_checkpoint([ck], "test", output=tmp_path / "one", languages=("en", "fr"))
+    assert one["direction"] == "en-fr" and (tmp_path / "one" / "en-fr" / "hyp.fr").is_file()
+    with pytest.raises(DirectionError, match="choose one with --tgt-lang"):
+        evaluate_checkpoint([ck], src=corpus / "c" / "test.de", ref=corpus / "c" / "test.fr", output=tmp_path / "x")

@@ -798,22 +798,22 @@ def evaluate(
     quantize: QuantizeOpt = None,
     engine: EngineOpt = Engine.pytorch,
     ensemble: CombineOpt = False,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
 ) -> None:
     """Translate a test set and score it: sacreBLEU (13a, cased) with signature, chrF, TER, and the paper's tokenized compound-split BLEU.
 
-    Named test sets (newstest2013, newstest2014 = the full 3003 lines,
-    newstest2014-filtered = 2737) come through sacreBLEU's downloader and cache
-    (directory $SACREBLEU, default ~/.sacrebleu), in the checkpoint's language
-    pair. Offline, pass local files: tmt evaluate newstest2014 -c avg.pt --src
-    newstest2014.en --ref newstest2014.de. `tmt evaluate test -c CKPT` (or
-    valid) scores the raw files of the split the checkpoint's config names,
-    data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory
-    it was trained in. Writes hyp.<lang> and scores.json to --out-dir
-    (default: eval_<name> beside the checkpoint, or in the run directory -c names, e.g. runs/x/eval_test);
-    an earlier evaluation there is replaced, and stderr names it: give each its own -o to keep both.
-    scores.json names the checkpoint file decoded (for -c RUN_DIR, the file it stands for).
+    Named test sets (newstest2013, newstest2014 = the full 3003 lines, newstest2014-filtered = 2737) come
+    through sacreBLEU's downloader and cache (directory $SACREBLEU, default ~/.sacrebleu), in the checkpoint's
+    language pair. Offline, pass local files: tmt evaluate newstest2014 -c avg.pt --src newstest2014.en --ref
+    newstest2014.de. `tmt evaluate test -c CKPT` (or valid) scores the raw files of the split the checkpoint's
+    config names, data.test (data.valid) + .src_lang/.tgt_lang, relative to the directory it was trained in. Writes
+    hyp.<lang> and scores.json (naming the checkpoint file decoded) to --out-dir (default: eval_<name> beside
+    the checkpoint, or in the run directory -c names); an earlier evaluation there is replaced, and stderr names
+    it: give each its own -o to keep both. A model of several directions scores each (of a named test set, each it
+    holds) into eval_<name>.<src>-<tgt> and ends with a table; --src-lang/--tgt-lang choose one (needed for --src).
     """
     from transformer_mt.evaluate import evaluate_checkpoint
 
@@ -821,6 +821,7 @@ def evaluate(
     evaluate_checkpoint(
         checkpoint, testset=testset, src=src, ref=ref, output=output, device=device,
         overrides=decode_overrides(set_, quantize, beam=beam, lenpen=lenpen), engine=engine.value, ensemble=ensemble,
+        languages=(src_lang, tgt_lang),
     )  # fmt: skip
 
 

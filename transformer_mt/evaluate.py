@@ -11,24 +11,30 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformer_mt.checkpoint import decoded_file
 from transformer_mt.config import DataConfig, DecodeConfig
+from transformer_mt.data.directions import Direction, choose, directions, multilingual
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.files import atomic_write_lines, check_output_parent
 from transformer_mt.metrics import EvaluateError, format_scores, read_lines, score_files, write_scores
 from transformer_mt.run_names import EVAL_PREFIX, SCORES_NAME
 
+if TYPE_CHECKING:
+    from transformer_mt.decode.translate import Translator
+
 # -- test sets
 
 CONFIG_SPLITS = ("test", "valid")  # `tmt evaluate test|valid`: the raw files of the checkpoint config's data.test|valid
 
 
-def config_split(name: str, data: DataConfig, checkpoint: Path) -> tuple[Path, Path]:
-    """Source and reference of the config's own split ``name`` (test or valid): ``<prefix>.<src_lang|tgt_lang>``.
+def config_split(name: str, data: DataConfig, checkpoint: Path, way: Direction) -> tuple[Path, Path]:
+    """Source and reference of the config's own split ``name`` (test or valid) in direction ``way``:
+    ``<prefix>.<src>`` and ``<prefix>.<tgt>``.
 
     The raw text `tmt prepare` read, not the binarized split: scored as any
     test set is. The prefix is relative to the directory training ran in.
@@ -39,7 +45,7 @@ def config_split(name: str, data: DataConfig, checkpoint: Path) -> tuple[Path, P
             f"{checkpoint}: its config has no {name} split (data.{name} is empty); name a test set "
             f"({', '.join(TESTSETS)}) or pass --src and --ref"
         )
-    files = raw_file(prefix, data.src_lang), raw_file(prefix, data.tgt_lang)
+    files = raw_file(prefix, way.src), raw_file(prefix, way.tgt)
     for path in files:
         if not path.is_file():
             raise EvaluateError(
@@ -50,15 +56,15 @@ def config_split(name: str, data: DataConfig, checkpoint: Path) -> tuple[Path, P
 
 
 def _inputs(
-    testset: str | None, src: Path | None, ref: Path | None, data: DataConfig, checkpoint: Path
+    testset: str | None, src: Path | None, ref: Path | None, data: DataConfig, checkpoint: Path, way: Direction
 ) -> tuple[Path, Path]:
     if src is not None and ref is not None:
         return src, ref
     if testset is None:
         raise EvaluateError(f"name a test set ({', '.join((*TESTSETS, *CONFIG_SPLITS))}) or pass --src and --ref")
     if testset in CONFIG_SPLITS:
-        return config_split(testset, data, checkpoint)
-    return fetch_testset(testset, data.src_lang, data.tgt_lang)
+        return config_split(testset, data, checkpoint, way)
+    return fetch_testset(testset, way.src, way.tgt)
 
 
 def evaluate_checkpoint(
@@ -71,6 +77,7 @@ def evaluate_checkpoint(
     overrides: Sequence[str] = (),
     engine: str = "pytorch",
     ensemble: bool = False,
+    languages: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
@@ -81,37 +88,102 @@ def evaluate_checkpoint(
     ``--set`` texts for the checkpoint's config, the decoding flags included (see
     `transformer_mt.decode.load.override_config`); the n-best size is 1. ``engine`` and
     ``ensemble``: see `transformer_mt.decode.translate.load_translator`.
+
+    A model of several directions scores the one ``languages`` (source,
+    target) names, or without a target every direction of its config that
+    the test set holds (`scored_directions`), each in ``eval_<name>.<src>-<tgt>``
+    (``output``/``<src>-<tgt>``); it returns ``{"directions": {name: scores}}``.
     """
-    from transformer_mt.decode.lines import empty_outputs
     from transformer_mt.decode.translate import load_translator
 
     _check_request(testset, src, ref, output)
-    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"])
-    data = translator.cfg.data
-    src_path, ref_path = _inputs(testset, _path(src), _path(ref), data, Path(checkpoints[0]))
+    translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"], None)
+    request = Request(checkpoints, testset, _path(src), _path(ref), output, engine, ensemble)
+    if not multilingual(translator.cfg.data) or languages[1] is not None:
+        return _evaluate(translator.toward(*languages), request, several=multilingual(translator.cfg.data))
+    ways = scored_directions(translator.cfg.data, testset, src is not None, languages[0])
+    each = {way.name: _evaluate(translator.toward(way.src, way.tgt), request, several=True) for way in ways}
+    if len(each) > 1:
+        print(direction_table(each), file=sys.stdout)
+    return {"directions": each}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `tmt evaluate` was asked to score, the same for every direction of a model of several."""
+
+    checkpoints: Sequence[str | Path]
+    testset: str | None
+    src: Path | None
+    ref: Path | None
+    output: str | Path | None
+    engine: str
+    ensemble: bool
+
+
+def _evaluate(translator: Translator, r: Request, several: bool) -> dict[str, Any]:
+    """Translate and score ``r`` in the translator's direction; ``several``: one direction of several, whose
+    output directory and corpus name carry the direction."""
+    from transformer_mt.decode.lines import empty_outputs
+
+    data, way, first = translator.cfg.data, translator.direction, Path(r.checkpoints[0])
+    assert way is not None  # `Translator.toward` chose it
+    src_path, ref_path = _inputs(r.testset, r.src, r.ref, data, first, way)
     sources = _read_parallel(src_path, ref_path)
-    name = testset or src_path.stem
-    corpus = Path(getattr(data, name)).name if src is None and name in CONFIG_SPLITS else name  # `tmt report` reads it
-    out_dir = _output_dir(output, Path(checkpoints[0]), name)
-    hyp_path = out_dir / f"hyp.{data.tgt_lang}"
+    name = r.testset or src_path.stem
+    corpus = (
+        Path(getattr(data, name)).name if r.src is None and name in CONFIG_SPLITS else name
+    )  # `tmt report` reads it
+    out_dir = _output_dir(r.output, first, name, way.name if several else None)
+    hyp_path = out_dir / f"hyp.{way.tgt}"
     hyps = translator.translate_lines(sources)
     replaced = _earlier(out_dir)
     atomic_write_lines(hyp_path, hyps)
     empty, warning = empty_outputs(sources, hyps)
     scores = {
         "testset": name,
-        "corpus": corpus,  # the text scored: for test/valid, the config's file name (newstest2014)
+        "corpus": f"{corpus}.{way.name}" if several else corpus,  # the text scored: for test/valid, the config's file
         "src": str(src_path),
-        "checkpoints": [str(decoded_file(Path(c))) for c in checkpoints],  # the files decoded, not a run directory
-        "engine": engine,
-        "ensemble": ensemble and len(checkpoints) > 1,  # several checkpoints decoded together, not averaged
+        "checkpoints": [str(decoded_file(Path(c))) for c in r.checkpoints],  # the files decoded, not a run directory
+        "engine": r.engine,
+        "ensemble": r.ensemble and len(r.checkpoints) > 1,  # several checkpoints decoded together, not averaged
         "decode": _decode_settings(translator.cfg.decode),
-        **score_files(hyp_path, ref_path, data.tgt_lang),
+        **({"direction": way.name} if several else {}),
+        **score_files(hyp_path, ref_path, way.tgt),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }
     write_scores(out_dir / SCORES_NAME, scores)
     _report(scores, out_dir, warning, replaced)
     return scores
+
+
+def scored_directions(data: DataConfig, testset: str | None, local: bool, src: str | None) -> list[Direction]:
+    """The directions of a model of several that one `tmt evaluate` scores: those of its config (from ``src``
+    only, when given); of a named test set, those it holds. Local files (``local``) are one direction: a
+    DirectionError asks for --tgt-lang."""
+    if local:
+        choose(data, src, None, "--src/--ref")
+    ways = [w for w in directions(data) if src is None or w.src == src]
+    if testset in CONFIG_SPLITS or testset is None:
+        return ways or [choose(data, src, None)]
+    from sacrebleu.dataset import DATASETS
+
+    held = [w for w in ways if w.name in DATASETS[TESTSETS[testset]].langpairs] if testset in TESTSETS else ways
+    if not held:
+        raise EvaluateError(
+            f"{testset} holds none of this model's directions ({', '.join(w.name for w in ways)}); pass --src "
+            "and --ref with --src-lang and --tgt-lang"
+        )
+    return held
+
+
+def direction_table(each: dict[str, dict[str, Any]]) -> str:
+    """Each direction's sacreBLEU and chrF, and their means: the table `tmt evaluate` ends with."""
+    rows = [(name, s["sacrebleu"]["score"], s["chrf"]["score"]) for name, s in each.items()]
+    lines = ["direction  sacreBLEU  chrF2"]
+    lines += [f"{name:9s}  {bleu:9.2f}  {chrf:5.2f}" for name, bleu, chrf in rows]
+    lines.append(f"{'mean':9s}  {sum(r[1] for r in rows) / len(rows):9.2f}  {sum(r[2] for r in rows) / len(rows):5.2f}")
+    return "\n".join(lines)
 
 
 def _check_request(
@@ -142,10 +214,14 @@ def _read_parallel(src_path: Path, ref_path: Path) -> list[str]:
     return sources
 
 
-def _output_dir(output: str | Path | None, first: Path, name: str) -> Path:
+def _output_dir(output: str | Path | None, first: Path, name: str, direction: str | None = None) -> Path:
     """``output``, else ``eval_<name>`` beside the first checkpoint, or inside it when it is a run directory:
-    where `tmt report` looks for a run's evaluations."""
-    return Path(output) if output is not None else (first if first.is_dir() else first.parent) / f"{EVAL_PREFIX}{name}"
+    where `tmt report` looks for a run's evaluations. One ``direction`` of several: ``output/<direction>``, or
+    ``eval_<name>.<direction>``."""
+    if output is not None:
+        return Path(output) / direction if direction else Path(output)
+    where = first if first.is_dir() else first.parent
+    return where / f"{EVAL_PREFIX}{name}{'.' + direction if direction else ''}"
 
 
 def _decode_settings(d: DecodeConfig) -> dict[str, Any]:

@@ -469,7 +469,7 @@ def load_translator(
     ensemble: bool = False,
     device: str | torch.device | None = None,
     overrides: Sequence[str] = (),
-    languages: tuple[str | None, str | None] = (None, None),
+    languages: tuple[str | None, str | None] | None = (None, None),
 ) -> Translator:
     """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
 
@@ -478,7 +478,8 @@ def load_translator(
     decoding flags included (`decode_flags`). ``languages``: the source and
     target (``--src-lang``, ``--tgt-lang``), needed by a model of several
     directions (`Translator.toward`); a direction it was never trained on is
-    translated with a warning (zero-shot).
+    translated with a warning (zero-shot). None: no direction is chosen yet
+    (the caller's `toward` does).
     """
     check_mode(DecodeMode(engine=engine, ensemble=ensemble))
     if engine == "ctranslate2":
@@ -487,6 +488,8 @@ def load_translator(
         raise TranslateError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     else:
         translator = Translator.from_checkpoints(paths, device, overrides, ensemble=ensemble)
+    if languages is None:
+        return translator
     translator = translator.toward(*languages)
     if translator.direction is not None and zero_shot(translator.cfg.data, translator.direction):
         trained = ", ".join(translator.cfg.data.directions)
