@@ -308,3 +308,23 @@ def test_evaluate_scores_every_direction_into_its_own_directory(
     assert one["direction"] == "en-fr" and (tmp_path / "one" / "en-fr" / "hyp.fr").is_file()
     with pytest.raises(DirectionError, match="choose one with --tgt-lang"):
         evaluate_checkpoint([ck], src=corpus / "c" / "test.de", ref=corpus / "c" / "test.fr", output=tmp_path / "x")
+
+
+def test_init_writes_a_config_of_several_directions_that_loads(corpus: Path, tmp_path: Path) -> None:
+    from transformer_mt.init_config import InitError, count_corpus, write_config
+
+    out = tmp_path / "multi.yaml"
+    prefixes = (f"{corpus}/c/train", f"{corpus}/c/valid", f"{corpus}/c/test")
+    write_config(*prefixes, "", "", out, show=False, directions=tuple(DIRECTIONS))
+    cfg = load_config(out)
+    assert cfg.data.directions == DIRECTIONS and cfg.data.train == prefixes[0]
+    text = out.read_text(encoding="utf-8")
+    assert "720 training pairs (en-de, de-en, en-fr)" in text and "240 lines in each of en, de, fr" in text
+    counted = count_corpus(*prefixes, "", "", show=False, directions=tuple(DIRECTIONS))
+    assert counted.pairs == 3 * 240 and [s.path.suffix for s in counted.train] == [".en", ".de", ".fr"]
+    with pytest.raises(InitError, match=r"train\.cs not found; --directions reads one file per language"):
+        count_corpus(*prefixes, "", "", show=False, directions=("en-cs",))
+    with pytest.raises(InitError, match="'ende' is not a direction"):
+        count_corpus(*prefixes, "", "", show=False, directions=("ende",))
+    both = tmt("init", "--train", prefixes[0], "--valid", prefixes[1], "--src", "en", "--directions", "en-de")
+    assert_user_error(both, "--src and --tgt", "or --directions")

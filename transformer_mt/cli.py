@@ -300,8 +300,16 @@ def init(
         typer.Option("--train", help="Prefix of the training files: --train data/corpus reads data/corpus.SRC/.TGT."),
     ],
     valid: Annotated[str, typer.Option("--valid", help="Prefix of the validation files (checkpoint choice, BLEU).")],
-    src: Annotated[str, typer.Option("--src", help="Source language: the source files' suffix, e.g. en.")],
-    tgt: Annotated[str, typer.Option("--tgt", help="Target language: the target files' suffix, e.g. de.")],
+    src: Annotated[str, typer.Option("--src", help="Source language: the source files' suffix, e.g. en.")] = "",
+    tgt: Annotated[str, typer.Option("--tgt", help="Target language: the target files' suffix, e.g. de.")] = "",
+    directions: Annotated[
+        str,
+        typer.Option(
+            "--directions",
+            help="Several directions in one model, instead of --src/--tgt: e.g. en-de,de-en,en-fr over multi-way "
+            "parallel files, one per language (PREFIX.en, PREFIX.de, PREFIX.fr, line N the same sentence in each).",
+        ),
+    ] = "",
     test: Annotated[
         str, typer.Option("--test", help="Prefix of the test files (tmt evaluate test); none if omitted.")
     ] = "",
@@ -338,20 +346,24 @@ def init(
     the directory you run tmt in.
 
     Example: tmt init --train data/train --valid data/dev --test data/test --src en --tgt de -o en-de.yaml;
-    then tmt train en-de.yaml and tmt evaluate test -c runs/en-de
+    then tmt train en-de.yaml and tmt evaluate test -c runs/en-de. Several directions of one model:
+    tmt init --train data/train --valid data/dev --directions en-de,de-en,en-fr,fr-en -o multi.yaml
     """
     from transformer_mt.files import check_output_file
     from transformer_mt.init_config import summary, write_config
 
-    out = output or Path(f"{src}-{tgt}.yaml")
+    ways = tuple(d.strip() for d in directions.split(",") if d.strip())
+    if bool(ways) == bool(src or tgt) or not (ways or (src and tgt)):
+        raise UserError("give the pair with --src and --tgt (e.g. --src en --tgt de), or --directions en-de,de-en")
+    out = output or Path("multilingual.yaml" if ways else f"{src}-{tgt}.yaml")
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it, or -o another file")
     check_output_file(out, example="en-de.yaml")
     chosen = None if preset is None else preset.value
-    given = {"--train": train, "--valid": valid, "--test": test, "--src": src, "--tgt": tgt, "--preset": chosen}
-    given |= {"--minutes": f"{minutes:g}" if minutes else None, "-o": str(out)}
+    given = {"--train": train, "--valid": valid, "--test": test, "--src": src, "--tgt": tgt, "--directions": directions}
+    given |= {"--preset": chosen, "--minutes": f"{minutes:g}" if minutes else None, "-o": str(out)}
     command = " ".join(["tmt init", *(f"{flag} {value}" for flag, value in given.items() if value)])
-    choices = write_config(train, valid, test, src, tgt, out, chosen, minutes, command)
+    choices = write_config(train, valid, test, src, tgt, out, chosen, minutes, command, directions=ways)
     typer.echo(summary(choices, out))
 
 

@@ -69,27 +69,59 @@ class Side:
 
 @dataclass(frozen=True)
 class Corpus:
-    """What `init` counted: the three splits and, for training, how many pairs each length ratio keeps."""
+    """What `init` counted: the three splits and, for training, how many pairs each length ratio keeps.
+
+    One pair: ``train`` is its (source, target) files. Several directions
+    over multi-way parallel files (``directions``): one file per language,
+    in `languages` order, each counted once.
+    """
 
     prefixes: dict[str, str]  # split -> prefix as the user gave it ("" for no test set)
     src_lang: str
     tgt_lang: str
-    train: tuple[Side, Side]
+    train: tuple[Side, ...]
     valid_pairs: int
     test_pairs: int
     dropped_by_ratio: dict[float, int]  # max_ratio -> training pairs it would drop (after max_len)
+    directions: tuple[str, ...] = ()  # data.directions; () for one pair
+
+    @property
+    def languages(self) -> list[str]:
+        if not self.directions:
+            return [self.src_lang, self.tgt_lang]
+        return list(dict.fromkeys(lang for d in self.directions for lang in d.split("-")))
+
+    @property
+    def ways(self) -> list[tuple[Side, Side]]:
+        """Each direction's (source, target) training files."""
+        if not self.directions:
+            return [(self.train[0], self.train[1])]
+        side = dict(zip(self.languages, self.train, strict=True))
+        return [(side[src], side[tgt]) for src, tgt in (d.split("-") for d in self.directions)]
 
     @property
     def pairs(self) -> int:
-        return self.train[0].lines
+        """Training pairs over every direction."""
+        return sum(src.lines for src, _ in self.ways)
 
     @property
     def words(self) -> int:
-        return self.train[0].words + self.train[1].words
+        """Words of each language's training text, counted once: what the joint BPE is learned from."""
+        return sum(side.words for side in self.train)
+
+    @property
+    def epoch_words(self) -> int:
+        """Words of the longer side of each direction: what an epoch's batches hold, padding aside."""
+        return sum(max(src.words, tgt.words) for src, tgt in self.ways)
 
     @property
     def types(self) -> int:
-        return len(self.train[0].types | self.train[1].types)
+        return len(frozenset().union(*(side.types for side in self.train)))
+
+    @property
+    def described(self) -> str:
+        """``en -> de``, or the directions."""
+        return f"{self.src_lang} -> {self.tgt_lang}" if not self.directions else ", ".join(self.directions)
 
 
 def _side_files(prefix: str, src: str, tgt: str, key: str) -> tuple[Path, Path]:
@@ -140,8 +172,16 @@ def _ratio_drops(src: Path, tgt: Path, max_len: int) -> dict[float, int]:
     return dropped
 
 
-def count_corpus(train: str, valid: str, test: str, src: str, tgt: str, show: bool = True) -> Corpus:
-    """Count and check the corpus: every file present, both sides of each split the same number of lines."""
+def count_corpus(
+    train: str, valid: str, test: str, src: str, tgt: str, show: bool = True, directions: tuple[str, ...] = ()
+) -> Corpus:
+    """Count and check the corpus: every file present, every language of each split the same number of lines.
+
+    ``directions`` (``en-de``, ...): several directions over multi-way
+    parallel files, one per language; ``src`` and ``tgt`` are then not read.
+    """
+    if directions:
+        return _count_directions(train, valid, test, directions, show)
     if src == tgt:
         raise InitError(f"--src and --tgt are both {src!r}; give the two languages' file suffixes, e.g. en and de")
     files = {key: _side_files(prefix, src, tgt, key) for key, prefix in (("train", train), ("valid", valid))}
@@ -158,6 +198,48 @@ def count_corpus(train: str, valid: str, test: str, src: str, tgt: str, show: bo
         test_pairs=pairs.get("test", 0),
         dropped_by_ratio=_ratio_drops(*files["train"], Config().data.max_len),
     )
+
+
+def _count_directions(train: str, valid: str, test: str, directions: tuple[str, ...], show: bool) -> Corpus:
+    """`count_corpus` of multi-way parallel files: each language's file of each split counted once, all of a
+    split the same length; a length ratio's drops summed over the directions (each pair's files read once)."""
+    ways = [_direction(text) for text in directions]
+    langs = list(dict.fromkeys(lang for way in ways for lang in way))
+    prefixes = {"train": train, "valid": valid, "test": test}
+    sides: dict[str, list[Side]] = {}
+    for key, prefix in prefixes.items():
+        if prefix:
+            files = [_language_file(prefix, lang, key, langs) for lang in langs]
+            sides[key] = [_count(path, key == "train", show) for path in files]
+            for side in sides[key][1:]:
+                _aligned(key, sides[key][0], side)
+    drops = dict.fromkeys(RATIOS, 0)
+    for pair in dict.fromkeys(frozenset(way) for way in ways):
+        a, b = sorted(pair)
+        once = _ratio_drops(raw_file(train, a), raw_file(train, b), Config().data.max_len)
+        for ratio in RATIOS:
+            drops[ratio] += once[ratio] * sum(frozenset(way) == pair for way in ways)
+    return Corpus(
+        prefixes, ways[0][0], ways[0][1], tuple(sides["train"]), sides["valid"][0].lines,
+        sides["test"][0].lines if test else 0, drops, tuple(directions),
+    )  # fmt: skip
+
+
+def _language_file(prefix: str, lang: str, key: str, langs: list[str]) -> Path:
+    """``prefix.lang``, present, or an InitError that says how multi-way parallel files are named."""
+    path = raw_file(prefix, lang)
+    if not path.is_file():
+        names = ", ".join(f"PREFIX.{x}" for x in langs)
+        raise InitError(f"--{key} {prefix}: {path} not found; --directions reads one file per language: {names}")
+    return path
+
+
+def _direction(text: str) -> tuple[str, str]:
+    """``en-de`` as (source, target), or an InitError saying how directions are written."""
+    src, sep, tgt = text.partition("-")
+    if not (sep and src and tgt) or src == tgt:
+        raise InitError(f"--directions: {text!r} is not a direction; write source-target pairs, e.g. en-de,de-en")
+    return src, tgt
 
 
 def vocab_size(corpus: Corpus) -> tuple[int, str]:
@@ -220,11 +302,19 @@ def choose(corpus: Corpus, preset: Preset | None, minutes: float, name: str) -> 
 
 def _data(c: Choices, corpus: Corpus, name: str) -> None:
     p, side = corpus.prefixes, corpus.train
-    c.set("data.train", p["train"], f"{corpus.pairs:,} pairs, {side[0].words:,} / {side[1].words:,} words")
+    if corpus.directions:
+        words = " / ".join(f"{s.words:,}" for s in side)
+        why = f"{side[0].lines:,} lines in each of {', '.join(corpus.languages)} ({words} words)"
+        c.set("data.train", p["train"], f"{why}: {corpus.pairs:,} pairs over {len(corpus.directions)} directions")
+    else:
+        c.set("data.train", p["train"], f"{corpus.pairs:,} pairs, {side[0].words:,} / {side[1].words:,} words")
     c.set("data.valid", p["valid"], f"{corpus.valid_pairs:,} pairs")
     c.set("data.test", p["test"], f"{corpus.test_pairs:,} pairs" if p["test"] else "no test set (--test)")
-    c.set("data.src_lang", corpus.src_lang, "the source files' suffix")
-    c.set("data.tgt_lang", corpus.tgt_lang, "the target files' suffix")
+    if corpus.directions:
+        c.set("data.directions", list(corpus.directions), "--directions: each source starts with its target's tag")
+    else:
+        c.set("data.src_lang", corpus.src_lang, "the source files' suffix")
+        c.set("data.tgt_lang", corpus.tgt_lang, "the target files' suffix")
     c.set("data.dir", f"prepared/{name}", "where tmt prepare (run by tmt train) writes")
     c.set("data.synth", False, "your own text, not the toy corpus")
     ratio = next((r for r in RATIOS if corpus.dropped_by_ratio[r] <= corpus.pairs / 100), RATIOS[-1])
@@ -235,7 +325,7 @@ def _data(c: Choices, corpus: Corpus, name: str) -> None:
 def _budget(c: Choices, corpus: Corpus, kind: Preset, minutes: float) -> None:
     """An update budget of some epochs (or ``minutes``), with the schedule that fits it."""
     t = c.config.train
-    tokens = PIECES_PER_WORD * PADDING * max(side.words for side in corpus.train)
+    tokens = PIECES_PER_WORD * PADDING * corpus.epoch_words
     per_epoch = max(1, math.ceil(tokens / (t.max_tokens * t.update_freq)))
     if minutes > 0:
         c.set("train.max_minutes", minutes, "--minutes; the schedule below fits whatever that budget reaches")
@@ -273,6 +363,8 @@ def _scalar(value: Any) -> str:
     """``value`` as YAML that PyYAML reads back as the same type (it reads ``1e-09`` as a string)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
     if isinstance(value, float):
         text = repr(value)
         return text.replace("e", ".0e") if "e" in text and "." not in text else text
@@ -314,7 +406,7 @@ def render(choices: Choices, corpus: Corpus, command: str) -> str:
     docs, cfg = field_docs(), choices.config
     out = [
         f"# Written by `{command}`.",
-        f"# {corpus.pairs:,} training pairs ({corpus.src_lang} -> {corpus.tgt_lang}), {corpus.words:,} words; "
+        f"# {corpus.pairs:,} training pairs ({corpus.described}), {corpus.words:,} words; "
         f"{corpus.valid_pairs:,} validation and {corpus.test_pairs:,} test pairs.",
         "# Complete: every key of tmt, nothing inherited (no base:). Keys marked 'chose' were picked by tmt init",
         "# from the counts above; the rest are the preset's shipped settings. Deviations from the paper say so.",
@@ -341,9 +433,10 @@ def write_config(
     minutes: float = 0.0,
     command: str = "tmt init",
     show: bool = True,
+    directions: tuple[str, ...] = (),
 ) -> Choices:
     """Count the corpus, choose, and write ``output`` whole or not at all."""
-    corpus = count_corpus(train, valid, test, src, tgt, show=show)
+    corpus = count_corpus(train, valid, test, src, tgt, show=show, directions=directions)
     choices = choose(corpus, preset, minutes, output.stem)
     atomic_write_text(output, render(choices, corpus, command).replace("THIS_FILE", str(output)))
     return choices
