@@ -293,23 +293,26 @@ class Preset(str, Enum):
     big = "big"
 
 
+InitDirectionsOpt = Annotated[
+    str,
+    typer.Option(
+        "--directions",
+        help="Several directions in one model, instead of --src/--tgt: e.g. en-de,de-en,en-fr over multi-way "
+        "parallel files, one per language (PREFIX.en, PREFIX.de, PREFIX.fr, line N the same sentence in each).",
+    ),
+]
+InitTrainOpt = Annotated[
+    str, typer.Option("--train", help="Prefix of the training files: --train data/corpus reads data/corpus.SRC/.TGT.")
+]
+
+
 @app.command()
 def init(
-    train: Annotated[
-        str,
-        typer.Option("--train", help="Prefix of the training files: --train data/corpus reads data/corpus.SRC/.TGT."),
-    ],
+    train: InitTrainOpt,
     valid: Annotated[str, typer.Option("--valid", help="Prefix of the validation files (checkpoint choice, BLEU).")],
     src: Annotated[str, typer.Option("--src", help="Source language: the source files' suffix, e.g. en.")] = "",
     tgt: Annotated[str, typer.Option("--tgt", help="Target language: the target files' suffix, e.g. de.")] = "",
-    directions: Annotated[
-        str,
-        typer.Option(
-            "--directions",
-            help="Several directions in one model, instead of --src/--tgt: e.g. en-de,de-en,en-fr over multi-way "
-            "parallel files, one per language (PREFIX.en, PREFIX.de, PREFIX.fr, line N the same sentence in each).",
-        ),
-    ] = "",
+    directions: InitDirectionsOpt = "",
     test: Annotated[
         str, typer.Option("--test", help="Prefix of the test files (tmt evaluate test); none if omitted.")
     ] = "",
@@ -350,11 +353,9 @@ def init(
     tmt init --train data/train --valid data/dev --directions en-de,de-en,en-fr,fr-en -o multi.yaml
     """
     from transformer_mt.files import check_output_file
-    from transformer_mt.init_config import summary, write_config
+    from transformer_mt.init_config import init_directions, summary, write_config
 
-    ways = tuple(d.strip() for d in directions.split(",") if d.strip())
-    if bool(ways) == bool(src or tgt) or not (ways or (src and tgt)):
-        raise UserError("give the pair with --src and --tgt (e.g. --src en --tgt de), or --directions en-de,de-en")
+    ways = init_directions(src, tgt, directions)
     out = output or Path("multilingual.yaml" if ways else f"{src}-{tgt}.yaml")
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it, or -o another file")

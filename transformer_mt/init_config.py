@@ -234,6 +234,15 @@ def _language_file(prefix: str, lang: str, key: str, langs: list[str]) -> Path:
     return path
 
 
+def init_directions(src: str, tgt: str, directions: str) -> tuple[str, ...]:
+    """--directions (``en-de,de-en``) as a tuple, () for the pair --src/--tgt; an InitError unless exactly one of
+    the two ways is given."""
+    ways = tuple(d.strip() for d in directions.split(",") if d.strip())
+    if bool(ways) == bool(src or tgt) or not (ways or (src and tgt)):
+        raise InitError("give the pair with --src and --tgt (e.g. --src en --tgt de), or --directions en-de,de-en")
+    return ways
+
+
 def _direction(text: str) -> tuple[str, str]:
     """``en-de`` as (source, target), or an InitError saying how directions are written."""
     src, sep, tgt = text.partition("-")
