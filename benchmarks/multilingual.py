@@ -41,7 +41,7 @@ from typing import Any
 
 from transformer_mt.config import load_config
 from transformer_mt.data.clean import read_lines
-from transformer_mt.data.directions import Direction, directions, languages
+from transformer_mt.data.directions import Direction, directions, languages, prefix
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.metrics import corpus_sacrebleu
 
@@ -101,9 +101,10 @@ def score_model(checkpoint: Path, ways: list[Direction], out: Path, cfg: Any) ->
     scores = {}
     for way in ways:
         scores[way.name] = {}
-        for split, prefix in (("valid", cfg.data.valid), ("test", cfg.data.test)):
-            hyps = translate(checkpoint, raw_file(prefix, way.src), out / f"{split}.{way.name}.{way.tgt}", way)
-            scores[way.name][split] = bleu(hyps, prefix, way.tgt)
+        for split in ("valid", "test"):
+            at = prefix(cfg.data, way, split)
+            hyps = translate(checkpoint, raw_file(at, way.src), out / f"{split}.{way.name}.{way.tgt}", way)
+            scores[way.name][split] = bleu(hyps, at, way.tgt)
     return scores
 
 
@@ -118,14 +119,14 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
         known = any(w.src == src for w in trained) and any(w.tgt == tgt for w in trained)
         if way in trained or pivot in (src, tgt) or not known:
             continue
-        prefix = cfg.data.test
-        direct = translate(checkpoint, raw_file(prefix, src), out / f"test.{way.name}.{tgt}", way)
+        at = cfg.data.test  # the multi-way parallel test files
+        direct = translate(checkpoint, raw_file(at, src), out / f"test.{way.name}.{tgt}", way)
         first = out / f"test.{src}-{pivot}.{pivot}"
-        translate(checkpoint, raw_file(prefix, src), first, Direction(src, pivot))
+        translate(checkpoint, raw_file(at, src), first, Direction(src, pivot))
         pivoted = translate(checkpoint, first, out / f"test.{src}-{pivot}-{tgt}.{tgt}", Direction(pivot, tgt))
         result[way.name] = {
-            "test": bleu(direct, prefix, tgt),
-            "pivot_test": bleu(pivoted, prefix, tgt),
+            "test": bleu(direct, at, tgt),
+            "pivot_test": bleu(pivoted, at, tgt),
             "wrong_language": wrong_language(direct, tgt, langs),
         }
     return result

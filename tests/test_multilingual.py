@@ -14,9 +14,18 @@ from helpers import assert_user_error, metric_records, run_config, tmt
 from transformer_mt.config import ConfigError, load_config
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import Direction, DirectionError, choose, tag, zero_shot
+from transformer_mt.data.directions import (
+    Direction,
+    DirectionError,
+    choose,
+    directions,
+    prefix,
+    tag,
+    weights,
+    zero_shot,
+)
 from transformer_mt.data.mix import CorpusMix, epoch_selection, temperature_shares
-from transformer_mt.data.prepare import prepare_data, prepare_hash
+from transformer_mt.data.prepare import PrepareError, prepare_data, prepare_hash
 from transformer_mt.data.synthetic import write_corpus
 from transformer_mt.train.trainer import train_model
 
@@ -68,7 +77,7 @@ def trained(corpus: Path) -> Path:
     [
         ("[en-en]", "two different language codes"),
         ("[ende]", "not a direction"),
-        ("[en-de,en-de]", "lists en-de twice"),
+        ("[en-de,en-de]", "en-de is listed twice"),
         ("en-de", "expected a list"),
         ("[en-]", "not a direction"),
     ],
@@ -119,6 +128,8 @@ def test_temperature_shares_follow_the_formula() -> None:
         expected = sizes ** (1 / t) / (sizes ** (1 / t)).sum()
         np.testing.assert_allclose(temperature_shares(sizes, t), expected)
     np.testing.assert_allclose(temperature_shares(sizes, 1.0), sizes / sizes.sum())
+    weighted = sizes ** (1 / 2) * [1, 2, 3]
+    np.testing.assert_allclose(temperature_shares(sizes, 2.0, [1, 2, 3]), weighted / weighted.sum())
     assert temperature_shares(sizes, 1e6).max() - temperature_shares(sizes, 1e6).min() < 1e-4  # tends to uniform
 
 
@@ -328,3 +339,26 @@ def test_init_writes_a_config_of_several_directions_that_loads(corpus: Path, tmp
         count_corpus(*prefixes, "", "", show=False, directions=("ende",))
     both = tmt("init", "--train", prefixes[0], "--valid", prefixes[1], "--src", "en", "--directions", "en-de")
     assert_user_error(both, "--src and --tgt", "or --directions")
+
+
+def test_a_direction_with_files_of_its_own_and_a_weight(corpus: Path, tmp_path: Path) -> None:
+    """data.corpora: en-fr from 100 lines of other files (valid from data.valid's), weighted 2 in each epoch."""
+    own = tmp_path / "own"
+    own.mkdir()
+    for lang in ("en", "fr"):
+        lines = (corpus / "c" / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:100]
+        (own / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    corpora = f"data.corpora=[{{direction: en-fr, train: {own}/train, weight: 2}}]"
+    cfg = multi_config(corpus, "data.directions=[en-de,de-en]", corpora, f"data.dir={tmp_path}/out")
+    assert [w.name for w in directions(cfg.data)] == DIRECTIONS and weights(cfg.data) == [1.0, 1.0, 2.0]
+    assert prefix(cfg.data, Direction("en", "fr"), "valid") == f"{corpus}/c/valid"
+    prepare_data(cfg)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["splits"]["train.en-fr"]["sentences"] == 100 and manifest["splits"]["valid.en-fr"]["read"] == 24
+    sizes = np.array([240, 240, 100])
+    selection = epoch_selection(sizes, cfg.data.temperature, 1, 1, weights(cfg.data))
+    expected = np.round(sizes.sum() * sizes * [1, 1, 2] / (sizes * [1, 1, 2]).sum())
+    assert np.bincount(np.searchsorted([240, 480], selection, side="right"), minlength=3).tolist() == list(expected)
+    missing = multi_config(corpus, f"data.corpora=[{{direction: en-cs, train: {own}/train}}]", f"data.dir={tmp_path}/x")
+    with pytest.raises(PrepareError, match=r"own/train\.cs.*fix data\.corpora\[0\]\.train"):
+        prepare_data(missing)

@@ -39,6 +39,18 @@ Stopping = Literal["exact", "k_finished"]  # decode.stopping, see DecodeConfig
 
 
 @dataclass
+class CorpusConfig:
+    """One direction with files of its own: an entry of ``data.corpora``, e.g. ``{direction: en-fr, train:
+    data/europarl/train}`` reads ``data/europarl/train.en`` and ``.fr``."""
+
+    direction: str = ""  # source-target, the files' suffixes (en-fr)
+    train: str = ""  # prefix of its training files
+    valid: str = ""  # prefix of its validation files; "": data.valid's files of its two languages
+    test: str = ""  # prefix of its test files; "": data.test's
+    weight: float = 1.0  # multiplies its share of each epoch (see data.temperature)
+
+
+@dataclass
 class DataConfig:
     """Where the parallel text is and how it is cleaned.
 
@@ -63,6 +75,9 @@ class DataConfig:
     # With directions: each epoch draws from direction i in proportion to n_i^(1/temperature) (n_i: its training
     # pairs; Arivazhagan et al. 2019); 1: in proportion to the data, larger: closer to uniform
     temperature: float = 1.0
+    # Directions with files of their own, beside or instead of data.directions: [{direction: en-fr, train: PREFIX,
+    # valid: PREFIX, test: PREFIX, weight: 1.0}, ...]; an empty valid or test: data.valid's or data.test's files
+    corpora: list[CorpusConfig] = field(default_factory=list)
     synth: bool = False  # generate the embedded toy corpus at the `train` prefix when it is missing
     synth_pairs: int = 50_000  # training pairs of the generated toy corpus
     workers: int = 0  # encoding processes; 0 means one per CPU core
@@ -344,6 +359,14 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a list (e.g. [en-de, de-en]), got {shown(value)}")
         (item,) = typing.get_args(hint)
         return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of keys to values, got {shown(value)}")
+        hints = typing.get_type_hints(hint)
+        for key in value:
+            if key not in hints:
+                raise ConfigError(f"{where}: unknown key {shown(key)}{_nearest(str(key), list(hints))}")
+        return hint(**{key: _coerce(v, hints[key], f"{where}.{key}") for key, v in value.items()})
     if hint is str:
         if isinstance(value, str):
             return value
@@ -576,8 +599,8 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
     for key, on in (("bpe.sampling_alpha", cfg.bpe.sampling_alpha > 0), ("data.synth", cfg.data.synth)):
-        if cfg.data.directions and on:
-            raise ConfigError(f"{key} works with one language pair, not yet with data.directions; turn it off")
+        if (cfg.data.directions or cfg.data.corpora) and on:
+            raise ConfigError(f"{key} works with one language pair, not yet with several directions; turn it off")
     _validate_schedule(cfg.train)
     _validate_optimizer(cfg)
     _validate_decode(cfg.decode)
@@ -711,17 +734,29 @@ def _validate_data(d: DataConfig) -> None:
         if not getattr(d, key):
             raise ConfigError(f"data.{key} is empty; it must name the {key} files' prefix (only data.test may be '')")
     for text in d.directions:
-        src, sep, tgt = text.partition("-")
-        if not (sep and LANG_CODE.fullmatch(src) and LANG_CODE.fullmatch(tgt)) or src == tgt:
-            raise ConfigError(
-                f"data.directions: {shown(text)} is not a direction; write source-target with two different "
-                "language codes, the files' suffixes (e.g. en-de)"
-            )
-    if len(set(d.directions)) != len(d.directions):
-        twice = next(x for x in d.directions if d.directions.count(x) > 1)
-        raise ConfigError(f"data.directions lists {twice} twice; list each direction once")
+        _check_direction(text, "data.directions")
+    for i, corpus in enumerate(d.corpora):
+        where = f"data.corpora[{i}]"
+        _check_direction(corpus.direction, f"{where}.direction")
+        if not corpus.train:
+            raise ConfigError(f"{where}.train is empty; it must name the prefix of {corpus.direction}'s training files")
+        if not (math.isfinite(corpus.weight) and corpus.weight > 0):
+            raise ConfigError(f"{where}.weight must be above 0 (1: its share by size alone), got {corpus.weight}")
+    every = [*d.directions, *(c.direction for c in d.corpora)]
+    if len(set(every)) != len(every):
+        twice = next(x for x in every if every.count(x) > 1)
+        raise ConfigError(f"{twice} is listed twice (data.directions, data.corpora); list each direction once")
     if not (math.isfinite(d.temperature) and d.temperature > 0):
         raise ConfigError(f"data.temperature must be above 0 (1: in proportion to the data), got {d.temperature}")
+
+
+def _check_direction(text: str, where: str) -> None:
+    src, sep, tgt = text.partition("-")
+    if not (sep and LANG_CODE.fullmatch(src) and LANG_CODE.fullmatch(tgt)) or src == tgt:
+        raise ConfigError(
+            f"{where}: {shown(text)} is not a direction; write source-target with two different language codes, the "
+            "files' suffixes (e.g. en-de)"
+        )
 
 
 LANG_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")  # a language code as file suffixes spell it: en, zh_Hant

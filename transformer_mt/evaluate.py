@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformer_mt.checkpoint import decoded_file
 from transformer_mt.config import DataConfig, DecodeConfig
-from transformer_mt.data.directions import Direction, choose, directions, multilingual
+from transformer_mt.data.directions import Direction, choose, directions, multilingual, prefix, prefix_key
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.data.testsets import TESTSETS, fetch_testset
 from transformer_mt.files import atomic_write_lines, check_output_parent
@@ -39,17 +39,17 @@ def config_split(name: str, data: DataConfig, checkpoint: Path, way: Direction) 
     The raw text `tmt prepare` read, not the binarized split: scored as any
     test set is. The prefix is relative to the directory training ran in.
     """
-    prefix = getattr(data, name)
-    if not prefix:
+    at = prefix(data, way, name)
+    if not at:
         raise EvaluateError(
             f"{checkpoint}: its config has no {name} split (data.{name} is empty); name a test set "
             f"({', '.join(TESTSETS)}) or pass --src and --ref"
         )
-    files = raw_file(prefix, way.src), raw_file(prefix, way.tgt)
+    files = raw_file(at, way.src), raw_file(at, way.tgt)
     for path in files:
         if not path.is_file():
             raise EvaluateError(
-                f"{path} not found: the config of {checkpoint} has data.{name}={prefix!r}, a path relative to the "
+                f"{path} not found: the config of {checkpoint} has {prefix_key(data, way, name)}={at!r}, a path relative to the "
                 "directory it was trained in; run tmt evaluate from there, or pass --src and --ref"
             )
     return files

@@ -49,15 +49,36 @@ def tag(lang: str) -> str:
 
 
 def directions(data: DataConfig) -> list[Direction]:
-    """The directions a config trains, in its order: ``data.directions``, or the one pair src_lang -> tgt_lang."""
-    if not data.directions:
+    """The directions a config trains, in its order: ``data.directions``, then ``data.corpora``'s; or the one
+    pair src_lang -> tgt_lang."""
+    if not multilingual(data):
         return [Direction(data.src_lang, data.tgt_lang)]
-    return [Direction.parse(text) for text in data.directions]
+    return [Direction.parse(text) for text in [*data.directions, *(c.direction for c in data.corpora)]]
 
 
 def multilingual(data: DataConfig) -> bool:
     """Whether the config lists directions (each source then starts with a target tag)."""
-    return bool(data.directions)
+    return bool(data.directions or data.corpora)
+
+
+def prefix(data: DataConfig, direction: Direction, split: str) -> str:
+    """The prefix of ``direction``'s ``split`` (train, valid, test) files: its ``data.corpora`` entry's, or
+    ``data.<split>`` (the multi-way parallel files, and an entry's empty valid or test); "" for none."""
+    own = next((c for c in data.corpora if c.direction == direction.name and getattr(c, split)), None)
+    return getattr(own if own is not None else data, split)
+
+
+def prefix_key(data: DataConfig, direction: Direction, split: str) -> str:
+    """The config key `prefix` read, for messages: ``data.corpora[1].valid`` or ``data.valid``."""
+    for i, c in enumerate(data.corpora):
+        if c.direction == direction.name and getattr(c, split):
+            return f"data.corpora[{i}].{split}"
+    return f"data.{split}"
+
+
+def weights(data: DataConfig) -> list[float]:
+    """Each direction's weight on its share of an epoch, in `directions` order: a ``data.corpora`` entry's, else 1."""
+    return [1.0] * (len(directions(data)) - len(data.corpora)) + [c.weight for c in data.corpora]
 
 
 def languages(data: DataConfig) -> list[str]:

@@ -8,6 +8,7 @@ selection of them: the pairs an epoch draws (`epoch_selection`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -61,25 +62,29 @@ class CorpusMix:
         return np.bincount(self.part_of, minlength=len(self.parts)) / max(1, len(self.selection))
 
 
-def temperature_shares(sizes: np.ndarray, temperature: float) -> np.ndarray:
-    """Each part's share of an epoch: ``p_i ∝ n_i^(1/T)`` (Arivazhagan et al. 2019); T = 1 keeps the data's
-    proportions, a large T tends to uniform."""
-    weights = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
-    return weights / weights.sum()
+def temperature_shares(sizes: np.ndarray, temperature: float, weights: Sequence[float] | None = None) -> np.ndarray:
+    """Each part's share of an epoch: ``p_i ∝ w_i n_i^(1/T)`` (Arivazhagan et al. 2019, with a weight ``w_i``
+    per part, 1 by default); T = 1 and equal weights keep the data's proportions, a large T tends to uniform."""
+    shares = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    shares *= np.ones(len(shares)) if weights is None else np.asarray(weights, dtype=np.float64)
+    return shares / shares.sum()
 
 
-def epoch_selection(sizes: np.ndarray, temperature: float, seed: int, epoch: int) -> np.ndarray | None:
-    """The pairs epoch ``epoch`` trains on, as global indices; None at temperature 1 (every pair once).
+def epoch_selection(
+    sizes: np.ndarray, temperature: float, seed: int, epoch: int, weights: Sequence[float] | None = None
+) -> np.ndarray | None:
+    """The pairs epoch ``epoch`` trains on, as global indices; None at temperature 1 with equal weights (every
+    pair once).
 
     The epoch keeps the data's total size; part ``i`` gets
     ``round(total * p_i)`` pairs: all of its pairs as often as they fit,
     then the rest drawn without repeats, from (seed, epoch) alone, so that
     a resumed run draws the same epoch.
     """
-    if temperature == 1.0:
+    if temperature == 1.0 and (weights is None or len(set(weights)) <= 1):
         return None
     sizes = np.asarray(sizes, dtype=np.int64)
-    counts = np.round(sizes.sum() * temperature_shares(sizes, temperature)).astype(np.int64)
+    counts = np.round(sizes.sum() * temperature_shares(sizes, temperature, weights)).astype(np.int64)
     rng = np.random.default_rng([seed, epoch, 0x3D17])
     starts = np.concatenate(([0], np.cumsum(sizes)))
     picked = []

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from transformer_mt.config import Config, config_hash
+from transformer_mt.config import Config, DataConfig, config_hash
 from transformer_mt.cpus import choose_threads
 from transformer_mt.data import binarize, clean
 from transformer_mt.data.bpe import (
@@ -51,7 +51,16 @@ from transformer_mt.data.bpe import (
     write_vocab,
 )
 from transformer_mt.data.dataset import split_paths
-from transformer_mt.data.directions import directions, languages, multilingual, split_name, tag_symbols
+from transformer_mt.data.directions import (
+    Direction,
+    directions,
+    languages,
+    multilingual,
+    prefix,
+    prefix_key,
+    split_name,
+    tag_symbols,
+)
 from transformer_mt.data.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -94,29 +103,30 @@ class SplitFiles:
 def split_files(cfg: Config) -> list[SplitFiles]:
     """The splits the config names, each direction's in turn; ``data.test: ""`` means no test split."""
     d = cfg.data
-    prefixes = {"train": d.train, "valid": d.valid, "test": d.test}
     return [
-        SplitFiles(
-            split_name(name, d, way),
-            raw_file(prefix, way.src),
-            raw_file(prefix, way.tgt),
-            f"data.{name}",
-            name,
-            way.src,
-            way.tgt,
-        )  # fmt: skip
-        for name, prefix in prefixes.items()
-        if prefix
+        _split(name, d, way, prefix(d, way, name))
+        for name in ("train", "valid", "test")
         for way in directions(d)
+        if prefix(d, way, name)
     ]
 
 
-NEW_DATA_KEYS = {"directions": [], "temperature": 1.0}  # outside the hash at these values: data prepared before
+def _split(name: str, d: DataConfig, way: Direction, at: str) -> SplitFiles:
+    src, tgt = raw_file(at, way.src), raw_file(at, way.tgt)
+    return SplitFiles(split_name(name, d, way), src, tgt, prefix_key(d, way, name), name, way.src, way.tgt)
+
+
+NEW_DATA_KEYS = {
+    "directions": [],
+    "temperature": 1.0,
+    "corpora": [],
+}  # outside the hash at these values: data prepared before
 
 
 def prepare_hash(cfg: Config) -> str:
-    """Hash of the config keys that change the prepared data (``data.workers`` does not; nor ``data.directions``
-    and ``data.temperature`` at their defaults, so that data prepared before they existed stays up to date)."""
+    """Hash of the config keys that change the prepared data (``data.workers`` does not; nor ``data.directions``,
+    ``data.temperature`` and ``data.corpora`` at their defaults, so that data prepared before they existed stays
+    up to date)."""
     data = dataclasses.asdict(dataclasses.replace(cfg.data, workers=0))
     for key, default in NEW_DATA_KEYS.items():
         if data[key] == default:

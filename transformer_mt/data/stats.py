@@ -10,7 +10,7 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
 from transformer_mt.data.bpe import MODEL_NAME, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import multilingual
+from transformer_mt.data.directions import directions, multilingual, weights
 from transformer_mt.data.mix import CorpusMix, direction_parts, temperature_shares
 from transformer_mt.data.prepare import PrepareError, load_manifest, unk_note
 
@@ -74,12 +74,12 @@ def _training_set(cfg: Config) -> ParallelDataset | CorpusMix:
 def _shares_line(cfg: Config, train: CorpusMix) -> str:
     """Each direction's share of an epoch at data.temperature (`temperature_shares`) beside its share of the data."""
     t = cfg.data.temperature
-    shares = temperature_shares(train.sizes, t)
+    shares = temperature_shares(train.sizes, t, weights(cfg.data))
     each = ", ".join(
         f"{name} {share:.1%} ({size:,} pairs, {size / train.sizes.sum():.1%} of the data)"
-        for name, share, size in zip(cfg.data.directions, shares, train.sizes, strict=True)
+        for name, share, size in zip([way.name for way in directions(cfg.data)], shares, train.sizes, strict=True)
     )
-    return f"  each epoch at data.temperature={t:g}: {each}"
+    return f"  each epoch at data.temperature={t:g}{' and data.corpora weights' if cfg.data.corpora else ''}: {each}"
 
 
 def _batch_line(cfg: Config, ds: ParallelDataset | CorpusMix) -> str:

@@ -19,6 +19,7 @@ from transformer_mt.config import Config
 from transformer_mt.cpus import choose_threads
 from transformer_mt.data.batching import epoch_batches
 from transformer_mt.data.dataset import Batch, ParallelDataset, collate, pad_to_multiple
+from transformer_mt.data.directions import weights
 from transformer_mt.data.mix import CorpusMix, epoch_selection
 from transformer_mt.train.build import RunData
 from transformer_mt.train.distributed import DistEnv
@@ -74,7 +75,8 @@ class Epochs:
 
     def _mixed(self, epoch: int, mix: CorpusMix) -> CorpusMix:
         """The directions' pairs ``epoch`` draws at data.temperature (`epoch_selection`); all of them at 1."""
-        selection = epoch_selection(mix.sizes, self.cfg.data.temperature, self.cfg.train.seed, epoch)
+        d = self.cfg.data
+        selection = epoch_selection(mix.sizes, d.temperature, self.cfg.train.seed, epoch, weights(d))
         if selection is None:
             return mix
         if epoch not in self._sampled:

@@ -24,7 +24,7 @@ from transformer_mt.data.batching import batch_by_size, ordered_indices, shard_b
 from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import read_lines
 from transformer_mt.data.dataset import ParallelDataset, collate
-from transformer_mt.data.directions import directions
+from transformer_mt.data.directions import directions, prefix, prefix_key
 from transformer_mt.data.mix import CorpusMix
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.decode.lines import empty_outputs
@@ -213,12 +213,12 @@ class ValidBleu:
         translator.show_progress = False
         self._cache = {}
         for way in directions(d):
-            src, ref = raw_file(d.valid, way.src), raw_file(d.valid, way.tgt)
+            src, ref = raw_file(prefix(d, way, "valid"), way.src), raw_file(prefix(d, way, "valid"), way.tgt)
             try:
                 sources, refs = list(islice(read_lines(src), limit)), list(islice(read_lines(ref), limit))
             except OSError as err:
                 raise TrainError(
-                    f"validation BLEU cannot read {err.filename} ({err.strerror}): see data.valid"
+                    f"validation BLEU cannot read {err.filename} ({err.strerror}): see {prefix_key(d, way, 'valid')}"
                 ) from None
             self._cache[way.name] = (translator.toward(way.src, way.tgt), sources, refs)
         return self._cache
