@@ -1,6 +1,6 @@
 """The translation directions of one model: a single pair, or several languages with a target token.
 
-A model of several directions (``data.directions``) reads, at the start of
+A model of several directions (``data.directions``, ``data.corpora``) reads, at the start of
 each source, one token naming the language to translate into, ``<2de>``
 (Johnson et al. 2017: the target tag on the encoder side, which Wu et al.
 2021 found the most robust for directions never trained). The tags are

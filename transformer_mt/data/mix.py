@@ -57,10 +57,6 @@ class CorpusMix:
         ds, _ = self.parts[self.part_of[i]]
         return ds.tgt_ids(int(self.local[i]))
 
-    def part_shares(self) -> np.ndarray:
-        """The fraction of the selected pairs each part holds."""
-        return np.bincount(self.part_of, minlength=len(self.parts)) / max(1, len(self.selection))
-
 
 def temperature_shares(sizes: np.ndarray, temperature: float, weights: Sequence[float] | None = None) -> np.ndarray:
     """Each part's share of an epoch: ``p_i ∝ w_i n_i^(1/T)`` (Arivazhagan et al. 2019, with a weight ``w_i``

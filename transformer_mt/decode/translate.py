@@ -36,7 +36,7 @@ from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dic
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize
-from transformer_mt.data.directions import choose, multilingual, source_prefix, zero_shot
+from transformer_mt.data.directions import choose, directions, multilingual, source_prefix, zero_shot
 from transformer_mt.decode.align import alignments
 from transformer_mt.decode.constrained import (
     check_lengths,
@@ -492,7 +492,7 @@ def load_translator(
         return translator
     translator = translator.toward(*languages)
     if translator.direction is not None and zero_shot(translator.cfg.data, translator.direction):
-        trained = ", ".join(translator.cfg.data.directions)
+        trained = ", ".join(way.name for way in directions(translator.cfg.data))
         tqdm.write(
             f"warning: the model was never trained on {translator.direction.name} (it was on {trained}): "
             "translating zero-shot; check that the output is in the language asked for",
