@@ -233,12 +233,42 @@ def test_the_tag_changes_the_translation_the_model_gives(trained: Path) -> None:
     assert de.encode(0, "") == []
 
 
-@pytest.mark.slow
-def test_serve_and_exports_refuse_a_model_of_several_directions_in_one_line(trained: Path, tmp_path: Path) -> None:
+def test_serve_refuses_a_model_of_several_directions_in_one_line(trained: Path) -> None:
     ck = str(trained / "checkpoint_u0000012.pt")
     assert_user_error(tmt("serve", "-c", ck, "--port", "0"), "one language pair per model", "--src-lang/--tgt-lang")
-    assert_user_error(tmt("export", "hf", "-c", ck, "-o", str(tmp_path / "hf")), "one language pair")
-    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_both_exports_translate_each_direction_as_tmt_does(trained: Path, corpus: Path, tmp_path: Path) -> None:
+    """CTranslate2 through tmt's engine (the tag among the source tokens) and transformers' Marian (the tag
+    written >>fr<< before the text, OPUS-MT's way): tmt's ids and greedy translations, direction by direction."""
+    pytest.importorskip("ctranslate2")
+    transformers = pytest.importorskip("transformers")
+    from transformer_mt.decode.search import pad_batch
+    from transformer_mt.decode.translate import load_translator
+    from transformer_mt.export import export_ctranslate2
+    from transformer_mt.export.hf import export_hf
+
+    ck = trained / "checkpoint_u0000012.pt"
+    ct2, (hf, _) = export_ctranslate2([ck], tmp_path / "ct2"), export_hf([ck], tmp_path / "hf")
+    tokenizer = transformers.MarianTokenizer.from_pretrained(hf)
+    model = transformers.MarianMTModel.from_pretrained(hf).eval()
+    matching = ["decode.len_penalty_form=fairseq", "decode.stopping=k_finished", "decode.max_len_a=0",
+                "decode.max_len_b=20", "decode.no_repeat_ngram=0", "decode.beam_size=1"]  # fmt: skip
+    for way in map(Direction.parse, DIRECTIONS):
+        lines = (corpus / "c" / f"test.{way.src}").read_text(encoding="utf-8").splitlines()[:6]
+        ours = load_translator([ck], "pytorch", device="cpu", overrides=matching, languages=(way.src, way.tgt))
+        engine = load_translator([ct2], "ctranslate2", device="cpu", overrides=matching, languages=(way.src, way.tgt))
+        expected = ours.translate_lines(lines)
+        assert sum(map(bool, expected)) >= 3  # words to compare, not empty lines
+        assert engine.translate_lines(lines) == expected
+        batch = tokenizer([f">>{way.tgt}<< {line}" for line in lines], return_tensors="pt", padding=True)
+        assert batch["input_ids"].tolist() == pad_batch([ours.encode(i, x) for i, x in enumerate(lines)]).tolist()
+        with torch.no_grad():
+            generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=21)
+        assert tokenizer.batch_decode(generated, skip_special_tokens=True) == expected
+    card = (hf / "README.md").read_text(encoding="utf-8")
+    assert ">>de<<, >>en<<, >>fr<<" in card and "language: [en, de, fr]" in card
 
 
 def test_data_stats_shows_each_directions_share_of_an_epoch(trained: Path, corpus: Path, tmp_path: Path) -> None:

@@ -31,8 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from transformer_mt.checkpoint import read_checkpoint
-from transformer_mt.config import Config, ModelConfig
-from transformer_mt.data.directions import multilingual
+from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
 from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError
@@ -68,7 +67,6 @@ def export_ctranslate2(
     # the fp32 model as trained, whatever its decode.quantize says: CTranslate2 quantizes on its own
     loaded = load_model(checkpoints, device="cpu", overrides=["decode.quantize=none"])
     check_exportable(loaded.config.model)
-    check_one_pair(loaded.config, "ctranslate2")
     with atomic_directory(out) as tmp:
         converter = TmtConverter(loaded.model, pieces_of(loaded.bpe))
         # The directory is ours and empty: CTranslate2 may recreate it (force=True).
@@ -80,17 +78,6 @@ def export_ctranslate2(
         if not ct2.contains_model(str(tmp)):
             raise ExportError(f"CTranslate2 {ct2.__version__} wrote no model.bin into {tmp}")
     return out
-
-
-def check_one_pair(cfg: Config, kind: str) -> None:
-    """Exports write a model of one language pair: a model of several directions reads a target tag, which the
-    exported tokenizers do not add yet."""
-    if multilingual(cfg.data):
-        raise ExportError(
-            f"tmt export {kind} writes a model of one language pair; this one translates "
-            f"{', '.join(cfg.data.directions)} and needs its target tag added to each source, which the export "
-            "does not do yet: translate it with tmt translate --src-lang/--tgt-lang"
-        )
 
 
 def export_spm(checkpoint: str | Path, out: str | Path, force: bool = False) -> int:

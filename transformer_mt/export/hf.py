@@ -46,8 +46,9 @@ import torch
 from torch import Tensor
 
 from transformer_mt.checkpoint import decoded_file
-from transformer_mt.config import Config, ModelConfig
+from transformer_mt.config import Config, DataConfig, ModelConfig
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK
+from transformer_mt.data.directions import directions, languages, multilingual, tag
 from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError
 from transformer_mt.export.normalizer import check_normalization, normalizing_spm
@@ -188,9 +189,11 @@ def tokenizer_files(spm_model: bytes, cfg: Config) -> dict[str, bytes]:
     """The tokenizer files: the normalizing sentencepiece model (both sides), vocab.json, tokenizer_config.json."""
     normalizing = normalizing_spm(spm_model)
     bpe = spm.SentencePieceProcessor(model_proto=spm_model)
-    pieces = [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+    tags = {tag(lang): marian_tag(lang) for lang in languages(cfg.data)}  # <2de> -> >>de<<, as OPUS-MT's
+    pieces = [tags.get(piece, piece) for piece in (bpe.id_to_piece(i) for i in range(bpe.get_piece_size()))]
+    src, tgt = _language_pair(cfg.data)
     settings = {
-        "tokenizer_class": "MarianTokenizer", "source_lang": cfg.data.src_lang, "target_lang": cfg.data.tgt_lang,
+        "tokenizer_class": "MarianTokenizer", "source_lang": src, "target_lang": tgt,
         "unk_token": pieces[UNK], "eos_token": pieces[EOS], "pad_token": pieces[PAD], "bos_token": pieces[BOS],
         "model_max_length": cfg.model.max_positions, "separate_vocabs": False, "sp_model_kwargs": {},
     }  # fmt: skip
@@ -200,6 +203,19 @@ def tokenizer_files(spm_model: bytes, cfg: Config) -> dict[str, bytes]:
         "tokenizer_config.json": _json(settings),
         "special_tokens_map.json": _json({k: settings[k] for k in ("unk_token", "eos_token", "pad_token", "bos_token")}),
     }  # fmt: skip
+
+
+def marian_tag(lang: str) -> str:
+    """The target token of a model of several directions as Marian's tokenizer reads it at the start of a text,
+    OPUS-MT's convention: ``>>de<< The text.``"""
+    return f">>{lang}<<"
+
+
+def _language_pair(data: DataConfig) -> tuple[str, str]:
+    """tokenizer_config.json's languages: the pair, or "mul" for each side with several languages."""
+    ways = directions(data)
+    sources, targets = {w.src for w in ways}, {w.tgt for w in ways}
+    return (ways[0].src if len(sources) == 1 else "mul"), (ways[0].tgt if len(targets) == 1 else "mul")
 
 
 def model_card(cfg: Config, checkpoints: Sequence[Path], parameters: int, gaps: list[str]) -> str:
@@ -219,12 +235,12 @@ def model_card(cfg: Config, checkpoints: Sequence[Path], parameters: int, gaps: 
     )
     gap_lines = "\n".join(f"- {g}" for g in gaps)
     return f"""---
-language: [{data.src_lang}, {data.tgt_lang}]
+language: [{", ".join(languages(data))}]
 tags: [translation, marian, transformer_mt]
 pipeline_tag: translation
 ---
 
-# {data.src_lang} → {data.tgt_lang} Transformer, trained with transformer_mt
+# {_title(data)} Transformer, trained with transformer_mt
 
 A Transformer ("Attention Is All You Need") trained with `tmt` (transformer_mt)
 and exported with `tmt export hf` from {", ".join(f"`{p.name}`" for p in checkpoints)}.
@@ -247,18 +263,41 @@ from transformers import MarianMTModel, MarianTokenizer
 
 tokenizer = MarianTokenizer.from_pretrained("PATH_OR_HUB_ID")
 model = MarianMTModel.from_pretrained("PATH_OR_HUB_ID")
-batch = tokenizer(["Your text here."], return_tensors="pt", padding=True)
+batch = tokenizer(["{_example(data)}Your text here."], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
 The tokenizer normalizes raw text as tmt does (NFC, control and invisible
 characters removed, whitespace collapsed) inside its sentencepiece model: no
-other preprocessing is needed.
+other preprocessing is needed.{_several(data)}
 
 What `generate` cannot express of tmt's decoding:
 
 {gap_lines}
 """
+
+
+def _title(data: DataConfig) -> str:
+    """``en → de``, or the directions of a model of several."""
+    if not multilingual(data):
+        return f"{data.src_lang} → {data.tgt_lang}"
+    return ", ".join(w.name for w in directions(data))
+
+
+def _example(data: DataConfig) -> str:
+    """The target token the usage example starts with: a model of several directions reads one."""
+    return f"{marian_tag(directions(data)[0].tgt)} " if multilingual(data) else ""
+
+
+def _several(data: DataConfig) -> str:
+    """The model card's note on choosing the target language, for a model of several directions."""
+    if not multilingual(data):
+        return ""
+    targets = ", ".join(dict.fromkeys(marian_tag(w.tgt) for w in directions(data)))
+    return (
+        f"\n\nThis model translates {', '.join(w.name for w in directions(data))}: start each text with the token "
+        f"of the language to translate into ({targets}), as OPUS-MT's models read it."
+    )
 
 
 def _scores(checkpoints: Sequence[Path]) -> list[dict[str, Any]]:
@@ -283,7 +322,7 @@ def _json(value: Any) -> bytes:
 def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = False) -> tuple[Path, list[str]]:
     """Write the transformers directory of ``checkpoints`` (several are averaged) to ``out``; returns it and what
     `generate` cannot express of the checkpoint's decoding settings."""
-    from transformer_mt.export import ExportError, atomic_directory, check_one_pair
+    from transformer_mt.export import ExportError, atomic_directory
 
     try:
         from safetensors.torch import save_file
@@ -296,7 +335,6 @@ def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = 
     paths = [Path(p) for p in checkpoints]
     loaded = load_model(paths, device="cpu", overrides=["decode.quantize=none"])
     check_marian(loaded.config.model)
-    check_one_pair(loaded.config, "hf")
     tokenizer = tokenizer_files(loaded.spm_model, loaded.config)
     check_normalization(tokenizer["source.spm"], loaded.spm_model)
     generation, gaps = generation_config(loaded.config)
