@@ -858,7 +858,8 @@ def serve(
     order. One worker owns the model; the lines of concurrent requests join
     one running beam search at its next step (continuous batching), and
     each line's translation equals `tmt translate`'s. SIGTERM or
-    Ctrl-C answers what is in flight, then exits 0. Needs the serve extra:
+    Ctrl-C answers what is in flight, then exits 0; a second stops at once
+    (exit 130, or 143 for SIGTERM). Needs the serve extra:
     pip install "transformer_mt\\[serve]".
 
     Example: tmt serve -c quickstart/run/average.pt --port 8000, then open http://127.0.0.1:8000/ or
