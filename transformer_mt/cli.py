@@ -134,6 +134,13 @@ def require_stdout(what: str, fix: str) -> None:
         raise UserError(f"standard output is closed, so {what} have nowhere to go; {fix}")
 
 
+def sigterm_kills() -> None:
+    """SIGTERM stops a training as it always has, at once, not unwound as `Terminated`: torchrun sends it to every
+    rank when one fails, and a rank that unwound could wait on the others. Ctrl-C saves a checkpoint (trainer.py)."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def quiet_stdout() -> None:
     """Point stdout at /dev/null, so that the exit's flush of what is still buffered fails no more (Python's
     recipe for SIGPIPE); the reader is gone, nothing more can reach it."""
@@ -494,17 +501,12 @@ def train(
     ignores train.init_from.
     """
     import os
-    import signal
 
     from transformer_mt.train.distributed import launch_torchrun
-
-    # SIGTERM stops a training as it always has, at once: torchrun sends it to every rank when one fails, and a
-    # rank that unwound (`Terminated`) could wait on the others; Ctrl-C saves a checkpoint (trainer.py)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from transformer_mt.train.trainer import train_model
 
-    if threads:
-        set_ = [*(set_ or []), f"train.num_threads={threads}"]
+    sigterm_kills()
+    set_ = [*(set_ or []), f"train.num_threads={threads}"] if threads else set_
     if nproc_per_node > 0:
         args = ["train", str(config), *_set_args(set_), *(["--verbose"] if verbose else [])]
         raise typer.Exit(launch_torchrun(nproc_per_node, args))
