@@ -7,6 +7,7 @@ what reaches the terminal is checked whole; a bug keeps its traceback.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import signal
 import subprocess
@@ -284,3 +285,25 @@ def test_out_of_memory_while_translating_suggests_smaller_batches(
     text = invoke("translate", "-c", str(toy_ckpt), "-i", str(src), "-o", str(out), "--batch-tokens", "600")
     assert "out of memory translating a batch of 1 sentences" in text and "try --batch-tokens 300" in text
     assert not out.exists() and list(tmp_path.iterdir()) == [src]
+
+
+def test_score_with_stdout_closed_is_one_line(tmp_path: Path) -> None:
+    """Python drops what is printed to a closed stdout: score ended 0 with its scores nowhere."""
+    (tmp_path / "h.txt").write_text("a b c\n")
+    cmd = f"{sys.executable} -m transformer_mt score --hyp h.txt --ref h.txt"
+    result = subprocess.run(["bash", "-c", f"{cmd} >&-"], cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: standard output is closed, so the scores have nowhere to go; pass --json FILE or --out-dir DIR"
+    ]
+    kept = subprocess.run(["bash", "-c", f"{cmd} --json s.json >&-"], cwd=tmp_path, timeout=120)
+    assert kept.returncode == 0 and json.loads((tmp_path / "s.json").read_text())["chrf"]["score"] == 100.0
+
+
+def test_a_deleted_working_directory_is_one_line(toy_ckpt: Path, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    cmd = f"cd {gone} && rmdir {gone} && echo 'a b' | {sys.executable} -m transformer_mt translate -c {toy_ckpt}"
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.stdout == ""
+    assert_user_error(done, "the current directory no longer exists", "cd to an existing directory")

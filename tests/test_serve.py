@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -309,6 +310,37 @@ def test_the_server_socket_sends_answers_without_waiting_for_acknowledgements() 
     assert len(seen) == 1 and seen[0] != 0
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        (b'{"q": "a\\ud800b"}', "q", "lone surrogate"),
+        (b'{"q": ["a", "\\udc00"]}', "q[1]", "lone surrogate"),
+        (b'{"sources": ["a"], "prefixes": ["\\ud800"]}', "prefixes[0]", "lone surrogate"),
+        (b'{"\\ud800": 1}', None, "a key holds a lone surrogate"),
+        (b"[" * 100_000, None, "nests lists or objects too deeply"),
+        (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, "nests lists or objects too deeply"),
+    ],
+)
+def test_json_python_cannot_take_is_a_400_naming_the_field(body: bytes, field: str | None, says: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_json(body)
+    assert (caught.value.status, caught.value.field) == (400, field) and says in caught.value.message
+
+
+def test_an_integer_of_thousands_of_digits_is_refused_by_its_field(translator: Translator) -> None:
+    """Python refuses to convert an int of more than 4300 digits; the body parses, and the field says no."""
+    for key in ("beam", "nbest", "seed"):
+        raw = parse_json(b'{"sources": ["a"], "sample": "topk:5", "%s": %s}' % (key.encode(), b"9" * 5000))
+        with pytest.raises(RequestError) as caught:
+            parse_v1(raw, translator.cfg, Limits())
+        assert caught.value.field == key and "an integer of 5000 digits" in caught.value.message
+    raw = parse_json(b'{"q": "a", "alternatives": -%s}' % (b"1" * 5000))
+    with pytest.raises(RequestError) as caught:
+        parse_libre(raw, translator.cfg, Limits())
+    assert caught.value.field == "alternatives"
+    assert parse_json(b'{"beam": %s}' % (b"9" * 100)) == {"beam": int("9" * 100)}  # a long one is still a number
+
+
 # -- the app
 
 
@@ -408,6 +440,33 @@ def test_websocket_one_line_in_one_line_out_in_order(client, lines, alone) -> No
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_text()
         assert closed.value.code == 1008
+
+
+def test_a_binary_websocket_message_closes_with_1003_after_the_lines_before_it(client, lines, alone, caplog) -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    with client.websocket_connect("/ws") as ws:
+        ws.send_text(lines[0])
+        ws.send_bytes(b"\x00\x01")
+        assert ws.receive_text() == alone[lines[0]]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+    assert closed.value.code == 1003 and "text message" in closed.value.reason
+    assert [r.getMessage() for r in caplog.records if "binary" in r.getMessage()] == [
+        "websocket client testclient:50000: a binary message: send each line as a text message (UTF-8); "
+        "closing the socket"
+    ]
+
+
+def test_a_declared_body_over_the_limit_is_a_413_before_it_is_read(client) -> None:
+    def never() -> Iterator[bytes]:
+        raise AssertionError("the body was read")
+        yield b""
+
+    r = client.post("/v1/translate", content=never(), headers={"Content-Length": str(10**11)})
+    assert r.status_code == 413 and r.headers["Connection"] == "close"
+    r = client.post("/v1/translate", content=never(), headers={"Content-Length": "9" * 5000})
+    assert r.status_code == 413
 
 
 def test_json_error_bodies_are_json(client) -> None:
@@ -562,3 +621,70 @@ def test_a_job_the_server_cannot_decode_is_refused_at_submit(translator: Transla
     with pytest.raises(RequestError, match="'constraints' cannot be combined with 'prefixes'") as refused:
         batcher.submit(Job(lines[:1], prefixes=["Ein"], constraints=[["Mann"]]))
     assert refused.value.status == 400 and refused.value.field == "constraints" and batcher.depth() == 0
+
+
+@pytest.fixture
+def uvicorn_server(translator: Translator) -> Iterator[tuple[str, int]]:
+    """The app behind a real uvicorn on a thread, with the slow-client protocol at a 0.5 s header timeout."""
+    import uvicorn
+
+    from transformer_mt.serve import listen, slow_client_protocol
+    from transformer_mt.serve.app import ServerInfo, build_app
+
+    batcher = Batcher(translator, max_batch_tokens=1000, max_wait_ms=5, queue_size=16)
+    app = build_app(batcher, ServerInfo("toy.pt", "pytorch", "cpu", "none"), Limits(max_lines=8, max_chars=2000))
+    sock = listen("127.0.0.1", 0)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", ws="websockets-sansio", http=slow_client_protocol(0.5)
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield sock.getsockname()[:2]
+    server.should_exit = True
+    thread.join(30)
+
+
+def _dribble(address: tuple[str, int], head: bytes, slow: bytes, seconds: float) -> tuple[bytes, float]:
+    """Send ``head``, then ``slow`` a byte every 50 ms (again and again) until the server answers or closes, or
+    ``seconds`` pass; what it sent back and when."""
+    import select
+    import socket
+
+    start = time.monotonic()
+    with socket.create_connection(address) as s:
+        s.sendall(head)
+        i = 0
+        while time.monotonic() - start < seconds:
+            if select.select([s], [], [], 0.05)[0]:
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                return answer, time.monotonic() - start
+            try:
+                s.sendall(slow[i % len(slow) : i % len(slow) + 1])
+            except OSError:  # closed under us
+                return b"", time.monotonic() - start
+            i += 1
+    return b"<still open>", seconds
+
+
+@pytest.mark.slow
+def test_a_client_that_sends_a_byte_at_a_time_is_cut_off(uvicorn_server, lines, alone, monkeypatch) -> None:
+    from websockets.sync.client import connect
+
+    import transformer_mt.serve.app as app_module
+
+    answer, took = _dribble(uvicorn_server, b"", b"POST /v1/translate HTTP/1.1\r\nX-Slow: " + b"a" * 1000, 5)
+    assert answer == b"" and took < 3  # headers that never end: closed after the header timeout
+    monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
+    head = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+    answer, took = _dribble(uvicorn_server, head, b'{"sources": [" ', 5)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"took more than 0.5 s" in answer and took < 3
+    host, port = uvicorn_server
+    with connect(f"ws://{host}:{port}/ws") as ws:  # an upgraded socket is not timed out as headers
+        time.sleep(1.2)
+        ws.send(lines[0])
+        assert ws.recv(timeout=30) == alone[lines[0]]

@@ -7,10 +7,14 @@ skipped, except under CI (``CI=true``), where a missing browser fails it.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -124,6 +128,97 @@ def test_sigterm_finishes_what_is_in_flight(toy_ckpt: Path, lines: list[str], ex
     assert status == 200 and body["translatedText"] == [expected[line] for line in many]
     with pytest.raises(OSError):  # stopped: refuses new work
         _request(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def _raw_websocket(port: int) -> socket.socket:
+    """A WebSocket opened by hand, so that a test can send what no client library would: half a frame, a flood,
+    and a connection dropped without a close frame."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(
+        f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    assert s.recv(4096).startswith(b"HTTP/1.1 101 ")
+    return s
+
+
+def _frame(payload: bytes, opcode: int = 1) -> bytes:
+    """One masked client frame (opcode 1: text, 2: binary) of fewer than 65536 bytes."""
+    mask = os.urandom(4)
+    n = len(payload)
+    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n)
+    return bytes([0x80 | opcode]) + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def _raw_post(port: int, path: str, body: bytes, length: int | None = None) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.slow
+def test_bad_clients_are_answered_and_logged_in_one_line_and_sigterm_still_stops(toy_ckpt: Path, lines) -> None:
+    """What made the server answer 500 with a traceback, or hold SIGTERM for good: a lone surrogate, deep
+    nesting, a 5000-digit number, a huge declared body; a binary message, a client gone in the middle of a
+    message, and one that sends more lines than its queue holds and drops the connection without a close frame."""
+    from conftest import _free_port
+
+    port = _free_port()
+    proc = _start(toy_ckpt, port)
+    for path, body, length, status in [
+        ("/translate", b'{"q": "\\ud800", "source": "en", "target": "de"}', None, b"400"),
+        ("/v1/translate", b"[" * 100_000, None, b"400"),
+        ("/v1/translate", b'{"sources": ["a"], "beam": ' + b"9" * 5000 + b"}", None, b"400"),
+        ("/v1/translate", b"", 10**11, b"413"),
+    ]:
+        assert _raw_post(port, path, body, length).startswith(b"HTTP/1.1 " + status), path
+    with _raw_websocket(port) as ws:
+        ws.sendall(_frame(b"\x00\x01", opcode=2))
+        assert ws.recv(4096).startswith(b"\x88") and ws.recv(4096) == b""  # a close frame, then the end
+    with _raw_websocket(port) as ws:
+        ws.sendall(_frame(lines[0].encode())[:5])  # half a message, then gone
+    with _raw_websocket(port) as ws:
+        for _ in range(1000):  # the server queues 256 and stops reading
+            ws.sendall(_frame(lines[0].encode()))
+        ws.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # gone, no close frame
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=30)[0]  # it ran past 90 s before
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output and "Exception" not in output, output
+    logged = [line for line in output.splitlines() if line.startswith("WARNING:")]
+    assert len(logged) == 3 and "a binary message" in logged[0], output
+    assert re.search(r"left \(close code 100[56]\)$", logged[1]), output  # no close frame: 1005 or 1006
+    assert re.search(r"left \(close code 1006\); its \d+ lines not answered yet were cancelled$", logged[2]), output
+    assert output.splitlines()[-1] == "stopping on SIGTERM: answering what is in flight (again to stop at once)"
+
+
+@pytest.mark.slow
+def test_a_second_signal_stops_at_once(toy_ckpt: Path, lines: list[str]) -> None:
+    from conftest import _free_port
+
+    port = _free_port()
+    proc = _start(toy_ckpt, port, "--max-lines", "1000", "--max-chars", "100000")
+    client = threading.Thread(
+        target=lambda: _raw_post(port, "/translate", json.dumps({"q": lines * 80}).encode()), daemon=True
+    )
+    client.start()
+    time.sleep(0.5)  # the request is in the worker
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=10)[0]
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output, output
+    assert output.splitlines()[-1].startswith("interrupted: SIGINT again, stopped at once"), output
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ never stops another.
 
 from __future__ import annotations
 
+import signal
 import sys
 from enum import Enum
 from functools import partial
@@ -20,7 +21,13 @@ from typer.core import TyperGroup
 
 from transformer_mt.config import Config, load_config
 from transformer_mt.cpus import prepare_openmp
-from transformer_mt.errors import Interrupted, UserError
+from transformer_mt.errors import (
+    SIGNAL_EXITS,
+    Interrupted,
+    Terminated,
+    UserError,
+    stopped_by,
+)
 from transformer_mt.malloc import keep_freed_memory
 from transformer_mt.run_names import AVERAGE_NAME, SCORES_NAME
 
@@ -36,10 +43,43 @@ class Commands(TyperGroup):
     bug, with its traceback.
     """
 
-    def invoke(self, ctx: typer.Context) -> object:
-        keep_freed_memory()  # every command that computes gains from it (transformer_mt/malloc.py)
-        prepare_openmp()  # before any command imports torch: libgomp reads it once (transformer_mt/cpus.py)
+    def main(self, *args: object, **kwargs: object) -> object:
+        """A signal noted but not told is told here, and the exit status set to it.
+
+        Under `transformer_mt.__main__.main`, the signals raise where they land
+        (`errors.stop_on_signals`), and Python's KeyboardInterrupt can land in a
+        finalizer and be swallowed, so that the command finishes: its output
+        is kept back (`files.atomic_open`), and here it still ends as
+        interrupted. A status of 130 or 143 was told already (or meant to be
+        quiet: a person's Ctrl-C in interactive translation).
+        """
         try:
+            return super().main(*args, **kwargs)
+        except Terminated:  # while typer parsed the arguments, outside `invoke`
+            typer.secho("terminated", err=True)
+            raise SystemExit(TERMINATED) from None
+        except SystemExit as done:
+            if stopped_by() is None or done.code in (INTERRUPTED, TERMINATED):
+                raise
+            _tell_stopped()
+        except Exception:  # an interrupt inside an import can leave a module half loaded, failing the next one
+            if stopped_by() is None:
+                raise
+            _tell_stopped()
+
+    def make_context(self, *args: object, **kwargs: object) -> typer.Context:
+        """Typer turns a Ctrl-C while it parses the arguments into a silent exit 130: one line, as everywhere."""
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.secho("interrupted", err=True)
+            raise typer.Exit(INTERRUPTED) from None
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            keep_freed_memory()  # every command that computes gains from it (transformer_mt/malloc.py)
+            prepare_openmp()  # before any command imports torch: libgomp reads it once (transformer_mt/cpus.py)
+            check_working_directory()
             return super().invoke(ctx)
         except UserError as err:
             typer.secho(f"error: {' '.join(str(err).split())}", fg=typer.colors.RED, err=True)
@@ -50,6 +90,9 @@ class Commands(TyperGroup):
         except KeyboardInterrupt:
             typer.secho("interrupted", err=True)
             raise typer.Exit(INTERRUPTED) from None
+        except Terminated:  # SIGTERM: unwound as Ctrl-C is, temporary files removed on the way
+            typer.secho("terminated", err=True)
+            raise typer.Exit(TERMINATED) from None
         except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop quietly, as a shell tool does
             quiet_stdout()
             raise typer.Exit(BROKEN_PIPE) from None
@@ -67,8 +110,45 @@ class Commands(TyperGroup):
             formatter.write_dl(rows)
 
 
+def _tell_stopped() -> None:
+    signum = stopped_by()
+    typer.secho("interrupted" if signum == signal.SIGINT else "terminated", err=True)
+    raise SystemExit(SIGNAL_EXITS[signum]) from None
+
+
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+TERMINATED = 143  # 128 + SIGTERM
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool stopped by a closed pipe
+
+
+def check_working_directory() -> None:
+    """A UserError when the directory tmt runs in is gone (deleted under a shell that stayed in it): every relative
+    path would fail later, some libraries (oneMKL) abort the process on it."""
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise UserError(
+            "the current directory no longer exists (it was deleted or moved); cd to an existing directory and run "
+            "tmt again"
+        ) from None
+
+
+def require_stdout(what: str, fix: str) -> None:
+    """A UserError, before any work, when standard output was closed (``>&-``): Python then drops every print, and
+    the command would end with status 0 and its output nowhere."""
+    import sys
+
+    if sys.stdout is None:
+        raise UserError(f"standard output is closed, so {what} have nowhere to go; {fix}")
+
+
+def sigterm_kills() -> None:
+    """SIGTERM stops a training as it always has, at once, not unwound as `Terminated`: torchrun sends it to every
+    rank when one fails, and a rank that unwound could wait on the others. Ctrl-C saves a checkpoint (trainer.py)."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def quiet_stdout() -> None:
@@ -449,8 +529,8 @@ def train(
     from transformer_mt.train.distributed import launch_torchrun
     from transformer_mt.train.trainer import train_model
 
-    if threads:
-        set_ = [*(set_ or []), f"train.num_threads={threads}"]
+    sigterm_kills()
+    set_ = [*(set_ or []), f"train.num_threads={threads}"] if threads else set_
     if nproc_per_node > 0:
         args = ["train", str(config), *_set_args(set_), *(["--verbose"] if verbose else [])]
         raise typer.Exit(launch_torchrun(nproc_per_node, args))
@@ -752,8 +832,8 @@ def _translate_lines(
 
     if output is not None:
         check_output_file(output, example="translations.txt")
-    elif sys.stdout is None:
-        raise UserError("standard output is closed, so the translations have nowhere to go; pass -o FILE")
+    else:
+        require_stdout("the translations", "pass -o FILE")
     terminal = input is None and sys.stdin is not None and sys.stdin.isatty()
     stream = stream_lines(buffer_lines, input, output, terminal)
     if stream is None:
@@ -908,7 +988,8 @@ def serve(
     order. One worker owns the model; the lines of concurrent requests join
     one running beam search at its next step (continuous batching), and
     each line's translation equals `tmt translate`'s. SIGTERM or
-    Ctrl-C answers what is in flight, then exits 0. Needs the serve extra:
+    Ctrl-C answers what is in flight, then exits 0; a second stops at once
+    (exit 130, or 143 for SIGTERM). Needs the serve extra:
     pip install "transformer_mt\\[serve]".
 
     Example: tmt serve -c quickstart/run/average.pt --port 8000, then open http://127.0.0.1:8000/ or
@@ -1059,6 +1140,8 @@ def score(
 
     if json_out is not None:
         check_output_file(json_out, "--json", SCORES_NAME)
+    elif out_dir is None:
+        require_stdout("the scores", "pass --json FILE or --out-dir DIR")
     scores = score_files(hyp, ref, lang)
     for path in (json_out, out_dir / SCORES_NAME if out_dir else None):
         if path is not None:

@@ -11,6 +11,8 @@ traceback; any other exception is a bug in tmt and keeps its traceback.
 from __future__ import annotations
 
 import reprlib
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -66,3 +68,58 @@ def out_of_memory(message: Callable[[], str], error: type[UserError] = UserError
         if "can't allocate memory" not in str(err):
             raise
         raise error(message()) from None
+
+
+class Terminated(BaseException):
+    """SIGTERM, unwound as Ctrl-C is (temporary files removed on the way out), told apart from it: the command
+    line prints "terminated" and exits 143. Not a KeyboardInterrupt: what a command does for a person's Ctrl-C
+    (training saves a checkpoint) is not asked of a SIGTERM."""
+
+
+SIGNAL_EXITS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal: what a shell reports for each
+_RECEIVED: list[int] = []  # process-wide, as the handlers are: the signals `stop_on_signals`' handler has seen
+
+
+def stop_on_signals(term: bool = True) -> None:
+    """Make SIGINT (and SIGTERM, when ``term``) raise KeyboardInterrupt (`Terminated`) and note each one.
+
+    Python raises KeyboardInterrupt itself, but where it lands is chance:
+    in a finalizer or a thread's bootstrap it is printed as "ignored" and the
+    command goes on to write its whole output, and a SIGTERM kills the process
+    with its temporary files left. The note lets a command that comes to its
+    end check (`raise_if_stopped`) whether it was interrupted after all,
+    before it makes an output look complete. In the main thread only, and
+    only where the signal has its default handling: one ignored (a job
+    started in the background) stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it was ignored (a background job)
+        signal.signal(signal.SIGINT, _stop)
+    if term and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop)
+
+
+def _stop(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+def stopped_by() -> int | None:
+    """The first signal `stop_on_signals`' handler noted, or None."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
+def raise_if_stopped() -> None:
+    """Raise again the interrupt of a signal already received (one that a finalizer may have swallowed): called
+    before an output is renamed into place, so that an interrupted command never leaves one that looks complete."""
+    if _RECEIVED:
+        raise KeyboardInterrupt if _RECEIVED[0] == signal.SIGINT else Terminated
+
+
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from here on: the command's outcome and status are decided, and a signal while
+    the interpreter tears down would kill it with no line (its own handlers are gone by then)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNAL_EXITS:
+            signal.signal(sig, signal.SIG_IGN)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, raise_if_stopped
 
 _TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8,}\.tmp$")  # 8 hex digits: names written before 16
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -35,7 +35,7 @@ def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None)
 
     ``mode`` is "wb" or "w" (text is written with '\\n' line ends). The file is
     opened from the descriptor that created it, so nothing can swap a link in
-    between. On any exception (KeyboardInterrupt included) the temporary file
+    between. On any exception (KeyboardInterrupt and SIGTERM's `Terminated` included) the temporary file
     is removed and the exception propagates; the old ``path`` is kept.
     """
     path = Path(path)
@@ -46,6 +46,7 @@ def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None)
             yield f
             f.flush()
             os.fsync(f.fileno())
+        raise_if_stopped()  # a Ctrl-C a finalizer swallowed still keeps the output from looking complete
         os.replace(names[-1], path)
     except BaseException:
         for tmp in names:
@@ -70,6 +71,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp = names[-1]
         yield tmp
         _fsync_file(tmp)
+        raise_if_stopped()
         os.replace(tmp, path)
     except BaseException:
         for tmp in names:

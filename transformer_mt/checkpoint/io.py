@@ -23,6 +23,7 @@ import torch
 
 from transformer_mt.checkpoint.format import Checkpoint, CheckpointError, from_state, to_state
 from transformer_mt.checkpoint.run_dir import directory_message
+from transformer_mt.errors import raise_if_stopped
 from transformer_mt.files import atomic_open
 from transformer_mt.run_names import AVERAGE_NAME, BEST_NAME, CHECKPOINT_RE, CONFIG_NAME
 
@@ -39,6 +40,7 @@ def write_checkpoint(path: str | Path, ck: Checkpoint) -> None:
         except Exception as err:
             if seen:  # torch's writer turns a Ctrl-C inside it into its own RuntimeError: no disk was at fault
                 raise KeyboardInterrupt from None
+            raise_if_stopped()  # the same, under the command line's handler (`errors.stop_on_signals`)
             raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
 
 

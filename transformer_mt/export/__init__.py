@@ -34,7 +34,7 @@ from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
 from transformer_mt.decode.load import load_model
-from transformer_mt.errors import UserError
+from transformer_mt.errors import UserError, raise_if_stopped
 from transformer_mt.files import atomic_open, check_output_file, check_output_parent
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
@@ -130,6 +130,7 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     try:
         yield tmp
         _sync_files(tmp)
+        raise_if_stopped()
         old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
         if out.exists():
             os.replace(out, old)

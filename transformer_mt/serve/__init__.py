@@ -27,6 +27,8 @@ from typing import Any
 
 from transformer_mt.errors import UserError
 
+HEADER_TIMEOUT_S = 10  # the longest a request's line and headers may take to arrive: docs/serving.md, "Limits"
+
 
 class ServeError(UserError):
     """A server that cannot start: a missing extra, a port in use; the message says what to do."""
@@ -91,7 +93,10 @@ def serve(
         file=sys.stderr,
         flush=True,
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", ws="websockets-sansio")
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", ws="websockets-sansio",
+        http=slow_client_protocol(HEADER_TIMEOUT_S),
+    )  # fmt: skip
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
 
 
@@ -101,11 +106,19 @@ def run_in_main_thread(server: Any, sock: socket.socket, batcher: Any) -> None:
     The worker runs here because PyTorch's small operators are much slower on
     other threads (`Batcher.run`). A signal asks uvicorn to shut down: it
     stops listening, answers what is in flight, and its lifespan closes the
-    batcher, which finishes its queue; a second signal stops at once.
+    batcher, which finishes its queue (work of clients that left is cancelled
+    as they leave, `app.ws_lines`). A second signal stops at once, one line
+    and the shell's status for that signal (130, 143): what is queued is not
+    answered, and no client or request may hold the process any longer.
     """
 
     def stop(signum: int, frame: object) -> None:
-        server.force_exit = server.should_exit
+        name = signal.Signals(signum).name
+        if server.should_exit:
+            print(f"interrupted: {name} again, stopped at once; {batcher.depth()} queued requests not answered",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            os._exit(128 + signum)  # the HTTP thread and the worker may be anywhere: nothing to unwind
+        print(f"stopping on {name}: answering what is in flight (again to stop at once)", file=sys.stderr, flush=True)
         server.should_exit = True
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -124,6 +137,41 @@ def run_in_main_thread(server: Any, sock: socket.socket, batcher: Any) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def slow_client_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request line and headers take longer than
+    ``header_timeout_s`` to arrive.
+
+    uvicorn waits for them forever (its keep-alive timeout starts afresh at
+    every byte received), so a client that sends headers a byte at a time
+    held a connection, and a slot of the process's file descriptors, for as
+    long as it liked. The clock starts when the connection opens and when an
+    answer is complete (the next request's headers); a WebSocket, once
+    upgraded, is another protocol's and is left alone. The body has its own
+    limit (`app.BODY_TIMEOUT_S`).
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._await_headers()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_headers()
+
+        def _await_headers(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:  # not while a pipelined request is answered
+                self.loop.call_later(header_timeout_s, self._headers_late, self.cycle)
+
+        def _headers_late(self, cycle: Any) -> None:
+            waiting = self.cycle is cycle and self.transport.get_protocol() is self
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return Protocol
 
 
 def listen(host: str, port: int) -> socket.socket:

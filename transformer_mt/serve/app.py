@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -38,11 +39,16 @@ from transformer_mt.serve.protocol import (
 )
 
 RETRY_AFTER_S = 1  # what a 429 asks a client to wait
+BODY_TIMEOUT_S = 30  # the longest a request body may take to arrive (408 beyond): docs/serving.md, "Limits"
+logger = logging.getLogger("uvicorn.error")  # one line per event, beside the server's own
 
 
 def refusal(err: RequestError) -> JSONResponse:
-    """The JSON error answer of ``err``; a full queue (429) also says when to retry."""
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 429 else None
+    """The JSON error answer of ``err``; a full queue (429) also says when to retry. A body refused before it was
+    read whole (408, 413) also closes the connection: what the client still sends is no next request."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 429 else {}
+    if err.status in (408, 413):
+        headers["Connection"] = "close"
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
@@ -105,15 +111,19 @@ class _Handlers:
         return await asyncio.wrap_future(future)
 
     async def body(self, request: Request) -> dict[str, Any]:
-        """The JSON body, read no further than the limits allow (413 past them)."""
-        chunks, size = [], 0
+        """The JSON body, read no further than the limits allow (413 past them, before reading when the declared
+        Content-Length says so) and within `BODY_TIMEOUT_S` (408: a client that sends it byte by byte forever
+        holds a connection no longer)."""
         limit = self.limits.body_bytes()
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
-            chunks.append(chunk)
-        return parse_json(b"".join(chunks))
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):  # h11 refused a malformed one
+            raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
+        try:
+            return parse_json(await asyncio.wait_for(_read(request, limit), BODY_TIMEOUT_S))
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+        except ClientDisconnect:  # nobody is left to answer: the status is for the log
+            raise RequestError(400, "the client left before sending the whole body") from None
 
     async def answer(self, parse: Any, request: Request, respond: Any) -> Response:
         """``respond(parse(body))`` as JSON; a refused request, or a decoding setting the config refuses, is
@@ -188,6 +198,17 @@ class _Handlers:
         await ws_lines(ws, self.submit, self.limits)
 
 
+async def _read(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is past ``limit`` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def attention_request(raw: dict[str, Any]) -> tuple[str, int | None]:
     """The text and layer of a ``/v1/attention`` body, checked as plain data (no web framework)."""
     text, layer = raw.get("text"), raw.get("layer")
@@ -213,34 +234,90 @@ async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
     Lines are submitted as they arrive, so a client that sends many before
     reading gets them batched; a writer task awaits the futures in order. A
     bad line (a line break, too long) closes the socket with code 1008 and
-    the reason, after the lines before it are answered; a full queue closes
-    it with 1013 (try again later).
+    the reason, a binary message with 1003, after the lines before it are
+    answered; a full queue closes it with 1013 (try again later). A client
+    that leaves, even in the middle of a message, is one line in the log:
+    its lines not answered yet are cancelled, so that nothing waits
+    for a reader that is gone (a server that must stop never waits on it).
     """
     await ws.accept()
     pending: asyncio.Queue = asyncio.Queue(maxsize=limits.max_lines)
-
-    async def writer() -> None:
-        while (task := await pending.get()) is not None:
-            try:
-                results = await task
-            except RequestError as err:
-                await _close(ws, err)
-                return
-            await ws.send_text(results[0][0].text)
-
-    sender = asyncio.create_task(writer())
+    writer = asyncio.create_task(_ws_answer(ws, pending))
+    reader = asyncio.create_task(_ws_read(ws, submit, limits, pending))
+    code = None  # the client's close code, once it has left
     try:
-        while True:
-            line = await ws.receive_text()
-            if "\n" in line or len(line) > limits.max_chars:
-                await pending.put(None)
-                await sender
-                await _close(ws, RequestError(400, f"one line per message, at most {limits.max_chars} characters"))
-                return
+        await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if not reader.done():
+            await writer  # it closed the socket for a refused line (429, 503), or raises: the client is gone
+        elif isinstance(ended := reader.result(), RequestError):
+            if await writer:  # the lines before the bad message answered, then why it closes
+                await _close(ws, ended)
+        else:
+            code = ended
+    except WebSocketDisconnect as err:  # the client left while its answers were being sent
+        code = err.code
+    finally:
+        left = await _cancel(reader, writer, pending)
+        if left or code not in QUIET_CLOSE_CODES:
+            logger.warning(
+                "websocket client %s left (close code %s)%s", _peer(ws), code,
+                f"; its {left} lines not answered yet were cancelled" if left else "",
+            )  # fmt: skip
+
+
+async def _ws_read(ws: WebSocket, submit: Any, limits: Limits, pending: asyncio.Queue) -> RequestError | int:
+    """Submit each line as it comes; the refusal of the first message that is no line, or the client's close
+    code when it leaves (1006: without a close frame, as when it goes away in the middle of a message)."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return int(message.get("code", 1006))
+        line = message.get("text")
+        if line is None:
+            refused = RequestError(415, "a binary message: send each line as a text message (UTF-8)")
+        elif "\n" in line or len(line) > limits.max_chars:
+            refused = RequestError(400, f"one line per message, at most {limits.max_chars} characters")
+        else:
             await pending.put(asyncio.ensure_future(submit(Job([line]))))
-    except (WebSocketDisconnect, RuntimeError):  # the client left, or the writer closed the socket
-        sender.cancel()
+            continue
+        await pending.put(None)
+        logger.warning("websocket client %s: %s; closing the socket", _peer(ws), refused.message)
+        return refused
+
+
+async def _ws_answer(ws: WebSocket, pending: asyncio.Queue) -> bool:
+    """Send each line's translation in order; True when the reader's end (None) is reached, False when the
+    socket was closed for a refused line (429, 503)."""
+    while (task := await pending.get()) is not None:
+        try:
+            results = await task
+        except RequestError as err:
+            await _close(ws, err)
+            return False
+        await ws.send_text(results[0][0].text)
+    return True
+
+
+async def _cancel(reader: asyncio.Task, writer: asyncio.Task, pending: asyncio.Queue) -> int:
+    """Stop both tasks and cancel the lines not answered (the batcher skips them); how many there were."""
+    tasks = [reader, writer]
+    while not pending.empty():
+        tasks.append(pending.get_nowait())
+    left = sum(1 for task in tasks[2:] if task is not None and not task.done())
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+    await asyncio.gather(*(task for task in tasks if task is not None), return_exceptions=True)
+    return left
+
+
+def _peer(ws: WebSocket) -> str:
+    return f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
+
+
+QUIET_CLOSE_CODES = (None, 1000, 1001, 1012)  # the server closed it; a normal close; going away; restarting
+WS_CLOSE_CODES = {415: 1003, 429: 1013, 503: 1013}  # unsupported data; try again later; anything else: 1008
 
 
 async def _close(ws: WebSocket, err: RequestError) -> None:
-    await ws.close(code=1013 if err.status in (429, 503) else 1008, reason=err.message[:120])
+    await ws.close(code=WS_CLOSE_CODES.get(err.status, 1008), reason=err.message[:120])

@@ -344,9 +344,9 @@ class Batcher:
                 joined.pending.future.set_exception(err)
 
     def _answer(self, joined: _Joined) -> None:
-        joined.pending.future.set_result(joined.results)
-        self.stats.requests += 1
+        self.stats.requests += 1  # counted first: a client that has its answer finds it in /health
         self.stats.lines += len(joined.results)
+        joined.pending.future.set_result(joined.results)
 
     # -- rounds
 
@@ -395,10 +395,10 @@ class Batcher:
             start = 0
             for pending in group:
                 n = len(pending.job.sources)
-                pending.future.set_result(results[start : start + n])
-                start += n
                 self.stats.requests += 1
                 self.stats.lines += n
+                pending.future.set_result(results[start : start + n])
+                start += n
 
     @staticmethod
     def _results(jobs: list[Encoded], nbest: int) -> list[list[Translation]]:

@@ -99,18 +99,73 @@ class V1Request:
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 naming what is wrong with it."""
+    """The request body as a JSON object, or a 400 naming what is wrong with it: not UTF-8, not JSON, nested
+    deeper than Python's parser goes, or a string holding a lone surrogate (JSON's ``"\\ud800"``, which no text
+    holds and the tokenizer cannot take). An integer of more than `MAX_DIGITS` digits is parsed as `Huge`, which
+    no field accepts, so that the field's own check names it."""
     try:
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"), parse_int=_parse_int)
     except UnicodeDecodeError as err:
         raise RequestError(400, f"the request body is not UTF-8 (byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise RequestError(
             400, f"the request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
         ) from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests lists or objects too deeply; send a flat JSON object") from None
     if not isinstance(value, dict):
         raise RequestError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    where = _surrogate(value)
+    if where is not None:
+        raise RequestError(
+            400, f"{where} holds a lone surrogate (an escape such as \\ud800 without its pair), which is no "
+            "character; send text as UTF-8", None if where == "a key" else where,
+        )  # fmt: skip
     return value
+
+
+MAX_DIGITS = 100  # an integer longer than this in a request is no setting any field takes
+
+
+class Huge:
+    """An integer of more than `MAX_DIGITS` digits in a request: kept as its length, never converted (Python
+    refuses to convert one of more than 4300 digits, and a field would refuse it anyway)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _parse_int(text: str) -> int | Huge:
+    return int(text) if len(text) <= MAX_DIGITS else Huge(len(text.lstrip("-")))
+
+
+def _surrogate(value: Any) -> str | None:
+    """Where in ``value`` the first string with a lone surrogate is ("q", "sources[2]", "a key"), or None.
+    Walked without recursion: the parser takes nesting deeper than a recursive walk could."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str) and not _is_text(item):
+            return where
+        if isinstance(item, dict):
+            if not all(_is_text(key) for key in item):
+                return "a key"
+            stack.extend(reversed([(f"{where}.{key}" if where else key, v) for key, v in item.items()]))
+        elif isinstance(item, list):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
+    return None
+
+
+def _is_text(text: str) -> bool:
+    """Whether ``text`` is text UTF-8 can hold: no lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_size(lines: list[str], limits: Limits, name: str) -> None:
