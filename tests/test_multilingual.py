@@ -233,9 +233,82 @@ def test_the_tag_changes_the_translation_the_model_gives(trained: Path) -> None:
     assert de.encode(0, "") == []
 
 
-def test_serve_refuses_a_model_of_several_directions_in_one_line(trained: Path) -> None:
-    ck = str(trained / "checkpoint_u0000012.pt")
-    assert_user_error(tmt("serve", "-c", ck, "--port", "0"), "one language pair per model", "--src-lang/--tgt-lang")
+@pytest.fixture(scope="module")
+def server(trained: Path):
+    """The trained model behind `tmt serve`'s app (in this process), and each direction's `tmt translate`."""
+    from starlette.testclient import TestClient
+
+    from transformer_mt.decode.translate import Translator
+    from transformer_mt.serve.app import ServerInfo, build_app
+    from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.protocol import Limits
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"], device="cpu")
+    translator.show_progress = False
+    batcher = Batcher(translator, max_batch_tokens=2000, max_wait_ms=5, queue_size=16)
+    app = build_app(batcher, ServerInfo("multi.pt", "pytorch", "cpu", "none"), Limits(max_lines=16))
+    with TestClient(app) as client:
+        client.translator = translator
+        yield client
+
+
+def test_serve_lists_routes_and_detects_each_direction(server, corpus: Path) -> None:
+    pytest.importorskip("py3langid")
+    languages = {entry["code"]: entry["targets"] for entry in server.get("/languages").json()}
+    assert languages == {"en": ["de", "fr"], "de": ["en", "fr"], "fr": []}
+    english = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    german = (corpus / "c" / "test.de").read_text(encoding="utf-8").splitlines()[:3]
+    for target in ("de", "fr"):
+        want = server.translator.toward("en", target).translate_lines(english)
+        got = server.post("/translate", json={"q": english, "source": "en", "target": target}).json()
+        assert got["translatedText"] == want
+        v1 = server.post("/v1/translate", json={"sources": english, "target": target}).json()
+        assert [t["translation"] for t in v1["translations"]] == want
+    auto = server.post("/translate", json={"q": german[0], "source": "auto", "target": "en"}).json()
+    assert auto["translatedText"] == server.translator.toward("de", "en").translate_lines(german[:1])[0]
+    assert auto["detectedLanguage"]["language"] == "de"
+    assert server.post("/detect", json={"q": english[0]}).json()[0]["language"] == "en"
+    with server.websocket_connect("/ws?target=fr") as ws:
+        ws.send_text(english[0])
+        assert ws.receive_text() == server.translator.toward("en", "fr").translate_lines(english[:1])[0]
+    missing = server.post("/translate", json={"q": "x", "source": "en"})
+    assert missing.status_code == 400 and missing.json()["field"] == "target"
+    assert "'de', 'en', 'fr'" in missing.json()["error"]
+    unknown = server.post("/v1/translate", json={"sources": ["x"], "target": "cs"})
+    assert unknown.status_code == 400 and unknown.json()["field"] == "target"
+    health = server.get("/health").json()
+    assert health["directions"] == DIRECTIONS
+
+
+def test_requests_for_different_targets_share_the_running_search(trained: Path, corpus: Path) -> None:
+    from transformer_mt.decode.translate import Translator
+    from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.protocol import Job
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"], device="cpu")
+    translator.show_progress = False
+    english = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    batcher = Batcher(translator, max_batch_tokens=10_000, max_wait_ms=0, queue_size=8)
+    assert batcher.search is not None
+    active: list[int] = []
+    later = []
+
+    def after_step() -> None:  # the French request comes after the German one's first step
+        active.append(batcher.search.active)
+        if len(active) == 1:
+            later.append(batcher.submit(Job(english[2:], languages=(None, "fr"))))
+
+    batcher.search.after_step = after_step
+    first = batcher.submit(Job(english[:2], languages=("en", "de")))
+    batcher.start()
+    try:
+        german = [h[0].text for h in first.result(timeout=60)]
+        french = [h[0].text for h in later[0].result(timeout=60)]
+    finally:
+        batcher.close()
+    assert max(active) > 2  # the French lines ran beside the German ones
+    assert german == [translator.toward("en", "de").translate_lines([x])[0] for x in english[:2]]
+    assert french == [translator.toward("en", "fr").translate_lines([x])[0] for x in english[2:]]
 
 
 @pytest.mark.slow

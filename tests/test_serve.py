@@ -58,11 +58,11 @@ def assert_same_translations(got: list[list[Translation]], want: list[list[Trans
 def test_libre_request_shapes(translator: Translator) -> None:
     cfg = translator.cfg
     one = parse_libre({"q": "a b", "source": "en", "target": "de"}, cfg, Limits())
-    assert one.single and one.job.lines == ["a b"] and not one.detect
+    assert one.single and one.job.lines == ["a b"] and one.detected is None
     doc = parse_libre({"q": ["x\ny", "", "z"], "source": "auto", "alternatives": 1}, cfg, Limits())
-    assert doc.job.lines == ["x", "y", "", "z"] and doc.parts == [2, 1, 1] and doc.job.nbest == 2 and doc.detect
+    assert doc.job.lines == ["x", "y", "", "z"] and doc.parts == [2, 1, 1] and doc.job.nbest == 2
     results = [[Translation(t, -1.0, -2.0), Translation(t + "'", -2.0, -3.0)] for t in ("X", "Y", "", "Z")]
-    answer = libre_response(doc, results, cfg)
+    answer = libre_response(doc, results)
     assert answer["translatedText"] == ["X\nY", "", "Z"]
     assert answer["alternatives"] == [["X'\nY'"], ["'"], ["Z'"]]
     assert answer["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 3

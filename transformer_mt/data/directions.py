@@ -109,14 +109,19 @@ def source_prefix(data: DataConfig, bpe: spm.SentencePieceProcessor, tgt: str) -
     return np.array([index], dtype=np.int64)
 
 
-def choose(data: DataConfig, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang") -> Direction:
+def choose(
+    data: DataConfig, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang", any_source: bool = False
+) -> Direction:
     """The direction a translation asks for, checked against the model's directions.
 
     A model of one pair needs neither language (given ones must match it); a
     model of several needs the target, and the source too when more than one
     source language translates into it. A pair of known languages that was
     never trained (zero-shot) is allowed: `zero_shot` says so. An unknown
-    language is a DirectionError naming the ones the model has.
+    language is a DirectionError naming the ones the model has. ``any_source``:
+    a source left open takes the first that translates into the target (the
+    source's language does not change what the model reads: a server's
+    ``source: auto``).
     """
     trained = directions(data)
     sources = list(dict.fromkeys(d.src for d in trained))
@@ -136,7 +141,7 @@ def choose(data: DataConfig, src: str | None, tgt: str | None, where: str = "--s
         tgt = targets[0]
     if src is None:
         into = [d.src for d in trained if d.tgt == tgt]
-        if len(into) > 1:
+        if len(into) > 1 and not any_source:
             raise DirectionError(f"this model translates into {tgt} from {', '.join(into)}: say which with --src-lang")
         src = into[0] if into else sources[0]
     if src == tgt:

@@ -123,10 +123,12 @@ class Translator:
         self.direction = choose(cfg.data, None, None) if not multilingual(cfg.data) else None  # `toward` sets it
         self.source_prefix: list[int] = []  # ids every source starts with: a multilingual model's target tag
 
-    def toward(self, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang") -> Translator:
+    def toward(
+        self, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang", any_source: bool = False
+    ) -> Translator:
         """This translator (nothing loaded again) translating ``src`` into ``tgt``; a model of several directions
         needs the target (`choose`: a DirectionError names the model's languages), a model of one pair neither."""
-        direction = choose(self.cfg.data, src, tgt, where)
+        direction = choose(self.cfg.data, src, tgt, where, any_source)
         other = copy.copy(self)
         other.direction = direction
         other.source_prefix = [int(i) for i in source_prefix(self.cfg.data, self.bpe, direction.tgt)]

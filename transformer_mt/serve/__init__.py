@@ -63,7 +63,7 @@ def serve(
     require_web_stack()
     import uvicorn
 
-    from transformer_mt.data.directions import DirectionError
+    from transformer_mt.data.directions import directions
     from transformer_mt.decode.translate import load_translator
     from transformer_mt.serve.app import ServerInfo, build_app
     from transformer_mt.serve.batcher import Batcher
@@ -76,19 +76,15 @@ def serve(
             raise ServeError(f"{name} must be at least 1, got {value}")
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
-    try:
-        translator = load_translator(checkpoints, engine, False, device, overrides)
-    except DirectionError as err:  # a model of several directions: which one a request wants is not routed yet
-        raise ServeError(
-            f"tmt serve answers one language pair per model, and {checkpoints[0]} has several ({err}); serve a "
-            "model of one pair, or translate with tmt translate --src-lang/--tgt-lang"
-        ) from None
+    translator = load_translator(
+        checkpoints, engine, False, device, overrides, languages=None
+    )  # a direction per request
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize, threads)
     app = build_app(batcher, info, limits, start_worker=False)
     print(
-        f"serving {info.model} ({translator.cfg.data.src_lang} -> {translator.cfg.data.tgt_lang}, {engine}, "
+        f"serving {info.model} ({', '.join(w.name for w in directions(translator.cfg.data))}, {engine}, "
         f"{info.device}, threads {threads or 'as torch chose'}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,

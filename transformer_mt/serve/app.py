@@ -24,14 +24,20 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
+from transformer_mt.data.directions import directions
+from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
+from transformer_mt.serve.detect import LanguageDetector
 from transformer_mt.serve.protocol import (
     Job,
     Limits,
     RequestError,
+    check_languages,
+    check_size,
     languages,
     libre_response,
+    model_sources,
     parse_json,
     parse_libre,
     parse_v1,
@@ -80,12 +86,14 @@ class _Handlers:
     def __init__(self, batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool) -> None:
         self.batcher, self.info, self.limits, self.start_worker = batcher, info, limits, start_worker
         self.cfg = batcher.translator.cfg
+        self.detector = LanguageDetector(model_sources(self.cfg))  # source "auto", /detect
 
     def routes(self) -> list[Route | WebSocketRoute]:
         """The paths the server answers: the demo page, LibreTranslate's, tmt's own, the WebSocket."""
         return [
             Route("/", self.page), Route("/languages", self.languages_route), Route("/health", self.health),
             Route("/translate", self.translate_libre, methods=["POST"]),
+            Route("/detect", self.detect, methods=["POST"]),
             Route("/v1/translate", self.translate_v1, methods=["POST"]),
             Route("/v1/attention", self.attention, methods=["POST"]), WebSocketRoute("/ws", self.websocket),
         ]  # fmt: skip
@@ -137,10 +145,26 @@ class _Handlers:
 
     async def translate_libre(self, request: Request) -> Response:
         """``POST /translate``, LibreTranslate's API."""
-        return await self.answer(lambda raw: parse_libre(raw, self.cfg, self.limits), request, self.libre)
+        return await self.answer(
+            lambda raw: parse_libre(raw, self.cfg, self.limits, self.detector), request, self.libre
+        )
+
+    async def detect(self, request: Request) -> Response:
+        """``POST /detect``, LibreTranslate's: the language of ``q`` among the model's sources, as a list of
+        candidates (the likeliest); for a list of texts, one such list per text."""
+        try:
+            q = (await self.body(request)).get("q")
+            texts = [q] if isinstance(q, str) else q
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise RequestError(400, "'q' must be a string or a list of strings", "q")
+            check_size(texts, self.limits, "q")
+        except RequestError as err:
+            return refusal(err)
+        found = [[self.detector.detect(text)] for text in texts]
+        return JSONResponse(found[0] if isinstance(q, str) else found)
 
     async def libre(self, parsed: Any) -> dict[str, Any]:
-        return libre_response(parsed, await self.submit(parsed.job), self.cfg)
+        return libre_response(parsed, await self.submit(parsed.job))
 
     async def translate_v1(self, request: Request) -> Response:
         """``POST /v1/translate``, tmt's own API (decoding settings, prefixes, constraints, n-best)."""
@@ -153,23 +177,24 @@ class _Handlers:
         return v1_response(await self.submit(parsed.job))
 
     async def attention(self, request: Request) -> Response:
-        """The demo page's heat map: one sentence's cross-attention, mean over the heads of one layer."""
+        """The demo page's heat map: one sentence's cross-attention, mean over the heads of one layer (toward the
+        request's ``target``, for a model of several directions)."""
         try:
-            text, layer = attention_request(await self.body(request))
-            found = await self.attend(text, layer)
+            raw = await self.body(request)
+            text, layer = attention_request(raw)
+            toward = self.batcher.translator.toward(*check_languages(raw, self.cfg, None), any_source=True)
+            found = await self.attend(toward, text, layer)
         except RequestError as err:
             return refusal(err)
         except AttentionError as err:
             return refusal(RequestError(400, str(err).replace("--", ""), "text"))
         return JSONResponse(attention_response(found))
 
-    async def attend(self, text: str, layer: int | None) -> Any:
+    async def attend(self, translator: Translator, text: str, layer: int | None) -> Any:
         """The attention of ``text`` computed on the worker thread, where the model is used, never beside a batch."""
         try:
             return await asyncio.wrap_future(
-                self.batcher.call(
-                    lambda: translator_attention(self.batcher.translator, text, "cross", layer, name=self.info.model)
-                )
+                self.batcher.call(lambda: translator_attention(translator, text, "cross", layer, name=self.info.model))
             )
         except (QueueFull, ShuttingDown) as err:
             raise RequestError(429 if isinstance(err, QueueFull) else 503, str(err)) from None
@@ -180,6 +205,7 @@ class _Handlers:
         return JSONResponse({
             "status": "ok", "model": info.model, "engine": info.engine, "device": info.device,
             "quantize": info.quantize, "threads": info.threads, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
+            "directions": [way.name for way in directions(cfg.data)],
             "queue_depth": batcher.depth(), "uptime_s": round(time.monotonic() - info.started, 1),
             "requests": batcher.stats.requests, "lines": batcher.stats.lines, "batches": batcher.stats.batches,
             "errors": batcher.stats.errors, "steps": batcher.stats.steps,
@@ -195,7 +221,14 @@ class _Handlers:
         return HTMLResponse(resources.files("transformer_mt.serve").joinpath("demo.html").read_text(encoding="utf-8"))
 
     async def websocket(self, ws: WebSocket) -> None:
-        await ws_lines(ws, self.submit, self.limits)
+        """``/ws?target=de`` (and ``source``): a model of several directions takes them from the query."""
+        try:
+            languages = check_languages(dict(ws.query_params), self.cfg, None)
+        except RequestError as err:
+            await ws.accept()
+            await _close(ws, err)
+            return
+        await ws_lines(ws, self.submit, self.limits, languages)
 
 
 async def _read(request: Request, limit: int) -> bytes:
@@ -228,7 +261,9 @@ def attention_response(found: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
+async def ws_lines(
+    ws: WebSocket, submit: Any, limits: Limits, languages: tuple[str | None, str | None] = (None, None)
+) -> None:
     """``/ws``: each text message is one line, each answer its translation, in the order the lines came.
 
     Lines are submitted as they arrive, so a client that sends many before
@@ -243,7 +278,7 @@ async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
     await ws.accept()
     pending: asyncio.Queue = asyncio.Queue(maxsize=limits.max_lines)
     writer = asyncio.create_task(_ws_answer(ws, pending))
-    reader = asyncio.create_task(_ws_read(ws, submit, limits, pending))
+    reader = asyncio.create_task(_ws_read(ws, submit, limits, pending, languages))
     code = None  # the client's close code, once it has left
     try:
         await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -265,7 +300,9 @@ async def ws_lines(ws: WebSocket, submit: Any, limits: Limits) -> None:
             )  # fmt: skip
 
 
-async def _ws_read(ws: WebSocket, submit: Any, limits: Limits, pending: asyncio.Queue) -> RequestError | int:
+async def _ws_read(
+    ws: WebSocket, submit: Any, limits: Limits, pending: asyncio.Queue, languages: tuple[str | None, str | None]
+) -> RequestError | int:
     """Submit each line as it comes; the refusal of the first message that is no line, or the client's close
     code when it leaves (1006: without a close frame, as when it goes away in the middle of a message)."""
     while True:
@@ -278,7 +315,7 @@ async def _ws_read(ws: WebSocket, submit: Any, limits: Limits, pending: asyncio.
         elif "\n" in line or len(line) > limits.max_chars:
             refused = RequestError(400, f"one line per message, at most {limits.max_chars} characters")
         else:
-            await pending.put(asyncio.ensure_future(submit(Job([line]))))
+            await pending.put(asyncio.ensure_future(submit(Job([line], languages=languages))))
             continue
         await pending.put(None)
         logger.warning("websocket client %s: %s; closing the socket", _peer(ws), refused.message)

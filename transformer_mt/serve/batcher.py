@@ -78,8 +78,10 @@ class Encoded:
 
     def joins(self, server: Translator) -> bool:
         """Whether it can join the server's running search: the one place that decides. Only a job with the
-        server's own settings, no prefixes and no constraints; the others are translated in rounds."""
-        return self.translator is server and self.prefixes is None and self.phrases is None
+        server's own settings (toward any direction: a model of several reads the target in the source ids),
+        no prefixes and no constraints; the others are translated in rounds."""
+        same = self.translator.cfg is server.cfg and self.translator.engine_search is server.engine_search
+        return same and self.prefixes is None and self.phrases is None
 
 
 def encode_job(server: Translator, job: Job) -> Encoded:
@@ -88,6 +90,8 @@ def encode_job(server: Translator, job: Job) -> Encoded:
     batch it would join."""
     with _refused(None):
         translator = server.with_decode(job.decode)
+    with _refused("target"):
+        translator = translator.toward(*job.languages, where="'source'/'target'", any_source=True)
     conflict = mode_conflict(
         translator.mode(job.nbest, job.constraints is not None, any(job.prefixes or [])), API_NAMES
     )

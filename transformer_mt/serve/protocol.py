@@ -35,7 +35,9 @@ from transformer_mt.config import (
     mode_conflict,
     parse_sampling,
 )
+from transformer_mt.data.directions import directions
 from transformer_mt.decode.translate import Translation
+from transformer_mt.serve.detect import LanguageDetector
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
@@ -80,6 +82,7 @@ class Job:
     decode: dict[str, Any] = field(default_factory=dict)
     prefixes: list[str] | None = None  # per line, the target text its translations start with ("" for none)
     constraints: list[list[str]] | None = None  # per line, phrases its translations must contain ([] for none)
+    languages: tuple[str | None, str | None] = (None, None)  # source (None: any) and target of a model of several
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class LibreRequest:
     parts: list[int]
     single: bool  # q was a string, not a list: answer with strings
     alternatives: int
-    detect: bool  # source "auto": answer with detectedLanguage, as LibreTranslate does
+    detected: list[dict[str, Any]] | None  # source "auto": each text's detectedLanguage, as LibreTranslate answers
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,11 @@ def check_size(lines: list[str], limits: Limits, name: str) -> None:
         )  # fmt: skip
 
 
-def parse_libre(raw: dict[str, Any], cfg: Config, limits: Limits) -> LibreRequest:
-    """LibreTranslate's ``/translate`` request: ``q`` and the language pair this model translates."""
+def parse_libre(
+    raw: dict[str, Any], cfg: Config, limits: Limits, detector: LanguageDetector | None = None
+) -> LibreRequest:
+    """LibreTranslate's ``/translate`` request: ``q`` and a direction this model translates; with ``source:
+    "auto"`` (the default), each text's language as ``detector`` finds it among the model's sources."""
     q = raw.get("q")
     if q is None:
         raise RequestError(400, "missing 'q': the text to translate (a string, or a list of strings)", "q")
@@ -192,7 +198,7 @@ def parse_libre(raw: dict[str, Any], cfg: Config, limits: Limits) -> LibreReques
     texts = [q] if single else q
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise RequestError(400, "'q' must be a string or a list of strings", "q")
-    detect = _check_languages(raw, cfg)
+    source, target = check_languages(raw, cfg, "auto")
     alternatives = raw.get("alternatives", 0)
     if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
         raise RequestError(
@@ -208,22 +214,43 @@ def parse_libre(raw: dict[str, Any], cfg: Config, limits: Limits) -> LibreReques
     split = [text.split("\n") for text in texts]
     lines = [line for part in split for line in part]
     check_size(lines, limits, "q")
-    job = Job(lines, nbest=alternatives + 1)
-    return LibreRequest(job, [len(part) for part in split], single, alternatives, detect)
+    job = Job(lines, nbest=alternatives + 1, languages=(source, target))
+    detector = detector or LanguageDetector(model_sources(cfg)[:1])
+    detected = None if source is not None else [detector.detect(text) for text in texts]
+    return LibreRequest(job, [len(part) for part in split], single, alternatives, detected)
 
 
-def _check_languages(raw: dict[str, Any], cfg: Config) -> bool:
-    """Refuse a pair this model does not translate; True when ``source`` is "auto" (or absent)."""
-    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
-    source, target = raw.get("source", "auto"), raw.get("target", tgt)
-    if source not in ("auto", src):
-        raise RequestError(400, f"'source' {source!r}: this model translates from {src!r} (or pass 'auto')", "source")
-    if target != tgt:
-        raise RequestError(400, f"'target' {target!r}: this model translates into {tgt!r}", "target")
-    return source == "auto"
+def model_sources(cfg: Config) -> list[str]:
+    """The languages the model translates from, in the config's order."""
+    return list(dict.fromkeys(way.src for way in directions(cfg.data)))
 
 
-def libre_response(request: LibreRequest, results: list[list[Translation]], cfg: Config) -> dict[str, Any]:
+def model_targets(cfg: Config) -> list[str]:
+    return list(dict.fromkeys(way.tgt for way in directions(cfg.data)))
+
+
+def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple[str | None, str]:
+    """A request's ``source`` and ``target``, refused unless the model translates from and into them; the source
+    is None for ``auto`` (any of the model's: the server detects it). ``target`` may be left out for a model of
+    one target; ``auto``: what a missing source means ("auto" for LibreTranslate's API, None for tmt's)."""
+    sources, targets = model_sources(cfg), model_targets(cfg)
+    source, target = raw.get("source", auto), raw.get("target", targets[0] if len(targets) == 1 else None)
+    if source not in (*sources, "auto", None):
+        raise RequestError(
+            400, f"'source' {source!r}: this model translates from {', '.join(map(repr, sources))} (or pass 'auto')",
+            "source",
+        )  # fmt: skip
+    if target not in targets:
+        given = "no 'target'" if target is None else f"'target' {target!r}"
+        raise RequestError(
+            400, f"{given}: this model translates into {', '.join(map(repr, targets))}", "target"
+        )  # fmt: skip
+    if source == target:
+        raise RequestError(400, f"'source' and 'target' are both {source!r}: choose two languages", "target")
+    return (None if source in ("auto", None) else source), target
+
+
+def libre_response(request: LibreRequest, results: list[list[Translation]]) -> dict[str, Any]:
     """LibreTranslate's answer: ``translatedText`` (a string or a list, as ``q`` was), ``alternatives`` when asked."""
     texts, alternatives, i = [], [], 0
     for n in request.parts:
@@ -234,9 +261,8 @@ def libre_response(request: LibreRequest, results: list[list[Translation]], cfg:
     answer: dict[str, Any] = {"translatedText": texts[0] if request.single else texts}
     if request.alternatives:
         answer["alternatives"] = alternatives[0] if request.single else alternatives
-    if request.detect:
-        detected = {"confidence": 100.0, "language": cfg.data.src_lang}
-        answer["detectedLanguage"] = detected if request.single else [detected] * len(texts)
+    if request.detected is not None:
+        answer["detectedLanguage"] = request.detected[0] if request.single else request.detected
     return answer
 
 
@@ -296,12 +322,14 @@ def parse_v1(
     conflict = mode_conflict(mode, API_NAMES)
     if conflict is not None:
         raise RequestError(400, conflict[1], conflict[0])
-    job = Job(list(sources), nbest=nbest, decode=decode, prefixes=prefixes, constraints=constraints)
+    languages = check_languages(raw, cfg, None)
+    job = Job(list(sources), nbest, decode, prefixes, constraints, languages)
     return V1Request(job)
 
 
 V1_FIELDS = (
     "sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes", "alignment", "constraints",
+    "source", "target",
 )  # fmt: skip
 ALIGNMENTS = ("hard", "soft")  # decode.alignment's values besides "none"
 
@@ -370,9 +398,11 @@ def _number(x: float) -> float | None:
 
 
 def languages(cfg: Config) -> list[dict[str, Any]]:
-    """LibreTranslate's ``/languages``: the model's source language, with its one target."""
-    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    """LibreTranslate's ``/languages``: each language of the model with the targets it translates into (every
+    target of the model but itself: a pair never trained is translated zero-shot); a target only, with none."""
+    sources, targets = model_sources(cfg), model_targets(cfg)
     return [
-        {"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
-        {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []},
-    ]
+        {"code": lang, "name": LANGUAGE_NAMES.get(lang, lang),
+         "targets": [t for t in targets if t != lang] if lang in sources else []}
+        for lang in dict.fromkeys([*sources, *targets])
+    ]  # fmt: skip
