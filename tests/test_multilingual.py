@@ -465,3 +465,18 @@ def test_a_direction_with_files_of_its_own_and_a_weight(corpus: Path, tmp_path: 
     missing = multi_config(corpus, f"data.corpora=[{{direction: en-cs, train: {own}/train}}]", f"data.dir={tmp_path}/x")
     with pytest.raises(PrepareError, match=r"own/train\.cs.*fix data\.corpora\[0\]\.train"):
         prepare_data(missing)
+
+
+def test_word_alignments_count_the_words_of_the_text_not_the_tag(trained: Path, corpus: Path) -> None:
+    from transformer_mt.decode.translate import Translator
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"], device="cpu")
+    translator.show_progress = False
+    lines = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    hard = translator.toward("en", "de").with_decode({"alignment": "hard"})
+    soft = translator.toward("en", "de").with_decode({"alignment": "soft"})
+    found = zip(lines, hard.translate_lines_nbest(lines, 1), soft.translate_lines_nbest(lines, 1), strict=True)
+    for line, hyps, rows in found:
+        pairs = [tuple(map(int, p.split("-"))) for p in hyps[0].alignment.split()]
+        assert pairs and max(i for i, _ in pairs) < len(line.split())
+        assert all(len(row.split(",")) == len(line.split()) for row in rows[0].alignment.split())

@@ -68,9 +68,10 @@ def format_alignment(matrix: Tensor, kind: Literal["hard", "soft"]) -> str:
 
 @torch.no_grad()
 def piece_attention(model: Transformer, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
-                    layer: int) -> list[Tensor]:  # fmt: skip
+                    layer: int, skip: int = 0) -> list[Tensor]:  # fmt: skip
     """Per (source ids + EOS, target ids) pair, one layer's (1-based) decoder attention over the source, mean over
-    the heads: (target tokens, source tokens without EOS), rows renormalized. One batched teacher-forced pass."""
+    the heads: (target tokens, source tokens without EOS and without the first ``skip``, a target tag), rows
+    renormalized. One batched teacher-forced pass."""
     device = model.embed.weight.device
     src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
     tgt = torch.full((len(targets), max(map(len, targets)) + 1), PAD, dtype=torch.long)
@@ -82,7 +83,7 @@ def piece_attention(model: Transformer, sources: Sequence[Sequence[int]], target
     found = []
     for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
         real = len(s) - 1 if s and s[-1] == EOS else len(s)
-        w = weights[row, : len(t), :real]  # the steps that predicted the target tokens; the source without EOS
+        w = weights[row, : len(t), skip:real]  # the steps that predicted the target tokens; the text's source tokens
         found.append(w / w.sum(dim=1, keepdim=True).clamp_min(1e-12))
     return found
 
@@ -94,15 +95,17 @@ def alignments(
     targets: Sequence[Sequence[int]],
     layer: int,
     kind: Literal["hard", "soft"],
+    skip: int = 0,
 ) -> list[str]:
-    """The alignment line of each (source ids + EOS, target ids) pair; "" where either side is empty."""
-    todo = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if t and len(s) > 1]
+    """The alignment line of each (source ids + EOS, target ids) pair; "" where either side is empty. The first
+    ``skip`` source ids (a model of several directions' target tag) are no word of the text."""
+    todo = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if t and len(s) > 1 + skip]
     lines = [""] * len(targets)
     if not todo:
         return lines
-    found = piece_attention(model, [sources[i] for i in todo], [targets[i] for i in todo], layer)
+    found = piece_attention(model, [sources[i] for i in todo], [targets[i] for i in todo], layer, skip)
     for i, attention in zip(todo, found, strict=True):
-        src_words = word_index([bpe.id_to_piece(t) for t in sources[i][: attention.shape[1]]])
+        src_words = word_index([bpe.id_to_piece(t) for t in sources[i][skip : skip + attention.shape[1]]])
         tgt_words = word_index([bpe.id_to_piece(t) for t in targets[i]])
         lines[i] = format_alignment(word_matrix(attention, src_words, tgt_words), kind)
     return lines

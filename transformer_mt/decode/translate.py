@@ -429,7 +429,10 @@ class Translator:
         assert isinstance(self.model, Transformer), "check_mode refuses alignments of an ensemble or an engine"
         pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
         layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
-        flat = iter(alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment))
+        skip = len(self.source_prefix)  # the target tag is no word of the source text
+        flat = iter(
+            alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment, skip)
+        )
         return [[next(flat) for _ in hyps] for hyps in found]
 
     def _own_search(
