@@ -480,3 +480,39 @@ def test_word_alignments_count_the_words_of_the_text_not_the_tag(trained: Path, 
         pairs = [tuple(map(int, p.split("-"))) for p in hyps[0].alignment.split()]
         assert pairs and max(i for i, _ in pairs) < len(line.split())
         assert all(len(row.split(",")) == len(line.split()) for row in rows[0].alignment.split())
+
+
+@pytest.mark.slow
+def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: Path) -> None:
+    """A real `tmt serve` of the model of several directions and a real browser: pick French, translate."""
+    import signal
+
+    from conftest import _free_port
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from test_serve_process import _browser, _start
+
+    from transformer_mt.decode.translate import Translator
+
+    ck = trained / "checkpoint_u0000012.pt"
+    line = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[0]
+    want = Translator.from_checkpoints([ck], device="cpu").toward("en", "fr").translate_lines([line])[0]
+    port = _free_port()
+    proc = _start(ck, port)
+    driver = _browser()
+    try:
+        driver.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "directions en-de, de-en, en-fr" in d.find_element(By.ID, "model").text)
+        Select(driver.find_element(By.ID, "target")).select_by_value("fr")
+        driver.find_element(By.ID, "source").send_keys(line)
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: d.find_element(By.ID, "output").text.strip() or d.find_element(By.ID, "error").text)
+        assert driver.find_element(By.ID, "error").text == ""
+        assert driver.find_element(By.ID, "output").text == want.strip()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap td"))  # the attention toward French
+    finally:
+        driver.quit()
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "Traceback" not in output, output
