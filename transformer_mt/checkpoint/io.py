@@ -39,7 +39,8 @@ def write_checkpoint(path: str | Path, ck: Checkpoint) -> None:
         except Exception as err:
             if seen:  # torch's writer turns a Ctrl-C inside it into its own RuntimeError: no disk was at fault
                 raise KeyboardInterrupt from None
-            raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
+            why = next((e.strerror for e in (err, err.__context__) if isinstance(e, OSError) and e.strerror), err)
+            raise CheckpointError(f"{path}: could not write the checkpoint ({why}); check free disk space") from err
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
