@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from helpers import load_state, save_state
 
 from transformer_mt.checkpoint import read_average, read_checkpoint
 from transformer_mt.config import Config
+from transformer_mt.decode.load import load_model
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.run_names import checkpoint_name
@@ -57,6 +59,25 @@ def _del(key: str) -> Callable[[dict], None]:
     return lambda s: s.pop(key, None)
 
 
+_WEIGHT_CHANGES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sparse": lambda t: t.to_sparse(),
+    "sparse CSR": lambda t: t.to_sparse_csr(),
+    "on the meta device": lambda t: torch.empty(t.shape, device="meta"),
+    "of int32": lambda t: t.to(torch.int32),
+    "of bool": lambda t: t > 0,
+    "of complex": lambda t: t.to(torch.complex64),
+    "quantized": lambda t: torch.quantize_per_tensor(t, 0.1, 0, torch.qint8),
+}  # what passes a check of names and shapes: layout, device and dtype
+
+
+def _weight(change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], None]:
+    return lambda s: s["model"].__setitem__(_first_weight(s), change(s["model"][_first_weight(s)]))
+
+
+def _moment(change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], None]:
+    return lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", change(s["optimizer"]["state"][0]["exp_avg"]))
+
+
 _VALUES = {"none": None, "text": "x", "minus": -5, "huge": 10**18, "nan": math.nan, "list": [1], "dict": {}}
 _TOP = [
     "model", "config", "spm_model", "update", "epoch", "batch_in_epoch", "best_valid_loss", "valid_loss",
@@ -76,6 +97,19 @@ MUTATIONS: dict[str, Callable[[dict], None]] = {
     "an extra weight": lambda s: s["model"].__setitem__("extra.weight", torch.zeros(2)),
     "integer weights": lambda s: s.__setitem__("model", {k: v.to(torch.int64) for k, v in s["model"].items()}),
     "a weight of NaN": lambda s: s["model"][_first_weight(s)].fill_(math.nan),
+    **{f"a weight {name}": _weight(change) for name, change in _WEIGHT_CHANGES.items()},
+    **{f"an Adam moment {name}": _moment(change) for name, change in _WEIGHT_CHANGES.items()},
+    "epoch = 10**11": _set("epoch", 10**11),
+    "update = 10**11": _set("update", 10**11),
+    "best_valid_loss = nan": _set("best_valid_loss", math.nan),
+    "best_valid_bleu = nan": _set("best_valid_bleu", math.nan),
+    "optimizer betas of text": lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", "x"),
+    "optimizer betas of one number": lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.9,)),
+    "optimizer beta of 2": lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.9, 2.0)),
+    "optimizer eps of NaN": lambda s: s["optimizer"]["param_groups"][0].__setitem__("eps", math.nan),
+    "optimizer eps of 0": lambda s: s["optimizer"]["param_groups"][0].__setitem__("eps", 0.0),
+    "optimizer weight_decay of -1": lambda s: s["optimizer"]["param_groups"][0].__setitem__("weight_decay", -1.0),
+    "optimizer amsgrad of text": lambda s: s["optimizer"]["param_groups"][0].__setitem__("amsgrad", "x"),
     "spm_model garbage": _set("spm_model", torch.tensor(list(b"not a model"), dtype=torch.uint8)),
     "spm_model empty": _set("spm_model", torch.zeros(0, dtype=torch.uint8)),
     "config of another model": lambda s: s["config"]["model"].__setitem__("d_model", 64),
@@ -121,6 +155,56 @@ def test_translate_and_average_load_or_refuse(mutation: str, tiny_run: tuple[Con
     _works_or_user_error(lambda: Translator.from_checkpoints([path], "cpu").translate_lines(["a b c"]))
     _works_or_user_error(lambda: read_average([path, tiny_run[1]]))
     _works_or_user_error(lambda: read_average([tiny_run[1], path]))
+
+
+@pytest.mark.parametrize("change", list(_WEIGHT_CHANGES))
+def test_a_weight_of_another_layout_device_or_dtype_is_refused_naming_it(
+    change: str, tiny_run: tuple[Config, Path], tmp_path: Path
+) -> None:
+    """Before, translate ended in load_state_dict's size mismatch and average in add(sparse, dense)."""
+    path = _crafted(tiny_run[1], tmp_path, MUTATIONS[f"a weight {change}"])
+    key = _first_weight(load_state(tiny_run[1]))
+    fragment = {"sparse": "is a sparse_coo tensor, not a dense one", "sparse CSR": "is a sparse_csr tensor, not a "
+                "dense one", "on the meta device": "is a tensor on the meta device, which holds no values",
+                "of int32": "holds (torch.)?int32, (not|but) (torch.)?float32"}.get(change, "not real numbers")  # fmt: skip
+    loads = [lambda p: read_average([tiny_run[1], p]), lambda p: load_model([p], "cpu")]
+    for load in loads if change == "of int32" else [read_checkpoint, *loads]:  # an integer buffer is read, not used
+        with pytest.raises(UserError, match=f"{path.name}: .*'{key}'.* {fragment}"):
+            load(path)
+
+
+@pytest.mark.parametrize(
+    "mutation, fragment",
+    [
+        ("optimizer betas of text", "the 'optimizer' entry's betas of param group 0 is 'x', not 2 numbers"),
+        ("optimizer eps of NaN", "eps of param group 0 is nan, not a number"),
+        ("an Adam moment sparse", "'exp_avg' of parameter 0 is a sparse_coo tensor, not a dense one"),
+        ("update = 10**11", "'update' entry is 100000000000, but its name says update 2"),
+    ],
+)
+def test_resume_refuses_damaged_optimizer_settings_and_position(
+    mutation: str, fragment: str, tiny_run: tuple[Config, Path], tmp_path: Path
+) -> None:
+    """Before, betas "x" failed at the first step (ValueError) and an update of 10**11 resumed there."""
+    cfg, source = tiny_run
+    run = tmp_path / "run"
+    path = _crafted(source, run, MUTATIONS[mutation])
+    train = dataclasses.replace(cfg.train, save_dir=str(run), max_updates=UPDATES + 1)
+    with pytest.raises(UserError, match=f"{path.name}: .*{re.escape(fragment)}"):
+        train_model(dataclasses.replace(cfg, train=train))
+
+
+@pytest.mark.parametrize(
+    "mutation, fragment",
+    [
+        ("epoch = 10**11", "'epoch' entry is 100000000000, more than a run reaches in its 2 updates (at most 33)"),
+        ("best_valid_loss = nan", "'best_valid_loss' entry is nan, which no run records"),
+    ],
+)
+def test_damaged_progress_is_refused_on_load(mutation: str, fragment: str, tiny_run: tuple[Config, Path], tmp_path):
+    path = _crafted(tiny_run[1], tmp_path, MUTATIONS[mutation])
+    with pytest.raises(UserError, match=f"{path.name}: the checkpoint's {re.escape(fragment)}"):
+        read_checkpoint(path)
 
 
 def test_resume_refuses_a_position_past_the_epoch(tiny_run: tuple[Config, Path], tmp_path: Path) -> None:

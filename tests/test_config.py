@@ -225,6 +225,9 @@ def test_a_missing_base_names_the_file_whose_base_line_is_wrong(tmp_path):
         ("model.max_positions=100000000", r"model\.max_positions must be at most 65536, got 100000000"),  # 51 GB
         ("decode.beam_size=1000000", r"decode\.beam_size must be at most 1000"),
         ("bpe.vocab_size=10000000000", r"bpe\.vocab_size must be at most"),
+        ("train.num_threads=-3", r"train\.num_threads must be 0 \(the CPUs the process may use\) or more, got -3"),
+        ("train.validate_every=-1", r"train\.validate_every must be 0 \(validate only at the end\) or a number"),
+        ("train.save_every_updates=-2", r"train\.save_every_updates must be 0 \(off\) or a number of updates"),
     ],
 )
 def test_values_that_would_train_or_decode_wrongly_are_refused(override, message):

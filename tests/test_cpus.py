@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from transformer_mt.config import ConfigError, load_config
-from transformer_mt.cpus import WAIT_SETTINGS, cgroup_quota, choose_threads, prepare_openmp, usable_cpus
+from transformer_mt.cpus import (
+    WAIT_SETTINGS,
+    available_memory,
+    cgroup_quota,
+    choose_threads,
+    prepare_openmp,
+    usable_cpus,
+)
 
 V2_MOUNTS = "30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
 V1_MOUNTS = (
@@ -64,6 +71,28 @@ def test_v1_quota_of_the_cpu_controller(tmp_path):
     cpus, why = usable_cpus(root, affinity={0, 1}, host=2)
     assert cpus == 0.5 and "cpu,cpuacct/job/cpu.cfs_quota_us" in why
     assert choose_threads(environ={}, root=root, affinity={0, 1}, host=2).count == 1  # never below one thread
+
+
+MEMINFO = {"proc/meminfo": "MemTotal:       32000000 kB\nMemAvailable:    8000000 kB\n"}  # 8.192 GB available
+
+
+def test_available_memory_is_the_hosts_or_less_where_a_cgroup_limit_leaves_less(tmp_path):
+    host = machine(tmp_path / "host", "0::/\n", V2_MOUNTS, {**MEMINFO, "sys/fs/cgroup/memory.max": "max\n"})
+    assert available_memory(host) == (8_192_000_000, "MemAvailable in /proc/meminfo")
+    v2 = machine(
+        tmp_path / "v2", "0::/pod/app\n", V2_MOUNTS,
+        {**MEMINFO, "sys/fs/cgroup/pod/app/memory.max": "max\n", "sys/fs/cgroup/pod/memory.max": "3000000000\n",
+         "sys/fs/cgroup/pod/memory.current": "1000000000\n"},
+    )  # fmt: skip
+    assert available_memory(v2) == (2_000_000_000, "the memory cgroup limit of /sys/fs/cgroup/pod")
+    v1 = machine(
+        tmp_path / "v1", "4:memory:/job\n2:cpu,cpuacct:/job\n", V1_MOUNTS,
+        {**MEMINFO, "sys/fs/cgroup/memory/job/memory.limit_in_bytes": "1500000000\n",
+         "sys/fs/cgroup/memory/job/memory.usage_in_bytes": "500000000\n",
+         "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"},  # v1's "no limit"
+    )  # fmt: skip
+    assert available_memory(v1) == (1_000_000_000, "the memory cgroup limit of /sys/fs/cgroup/memory/job")
+    assert available_memory(tmp_path / "none") is None
 
 
 def test_v1_no_quota(tmp_path):

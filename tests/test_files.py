@@ -1,5 +1,9 @@
+import errno
 import os
 import re
+import stat
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +125,40 @@ def test_an_interrupt_right_after_the_temp_file_is_created_leaves_nothing(tmp_pa
     with pytest.raises(KeyboardInterrupt), getattr(files, opener)(tmp_path / "out.txt"):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_is_written_in_place_never_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write_lines(fifo, ["eins", "zwei"])
+    reader.join(timeout=10)
+    assert got == [b"eins\nzwei\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert os.listdir(tmp_path) == ["fifo"]
+
+
+def test_a_descriptors_name_is_written_through_whatever_it_leads_to(tmp_path):
+    """/dev/fd/N (as /dev/stdout) on a regular file: written at its end, the file kept, the name no file of ours."""
+    out = tmp_path / "out.txt"
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("before\n")
+        f.flush()
+        name = Path(f"/dev/fd/{f.fileno()}")
+        assert files.is_in_place(name)
+        atomic_write_text(name, "after\n")
+    assert out.read_text(encoding="utf-8") == "before\nafter\n" and os.listdir(tmp_path) == ["out.txt"]
+    assert not files.is_in_place(out) and not files.is_in_place(tmp_path) and not files.is_in_place(tmp_path / "no")
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
+def test_no_room_names_the_file_the_os_did_not(tmp_path, number):
+    with pytest.raises(OSError) as raised, atomic_open(tmp_path / "out.txt", "w") as f:
+        f.write("half")
+        raise OSError(number, os.strerror(number))
+    assert (raised.value.errno, raised.value.filename) == (number, str(tmp_path / "out.txt"))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(OSError) as raised, atomic_open(tmp_path / "out.txt", "w"):
+        raise OSError(errno.EIO, "Input/output error")  # not a matter of room: left as the OS said it
+    assert raised.value.filename is None

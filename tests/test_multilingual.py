@@ -254,6 +254,8 @@ def server(trained: Path):
 
 def test_serve_lists_routes_and_detects_each_direction(server, corpus: Path) -> None:
     pytest.importorskip("py3langid")
+    from starlette.websockets import WebSocketDisconnect
+
     languages = {entry["code"]: entry["targets"] for entry in server.get("/languages").json()}
     assert languages == {"en": ["de", "fr"], "de": ["en", "fr"], "fr": []}
     english = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[:3]
@@ -271,6 +273,9 @@ def test_serve_lists_routes_and_detects_each_direction(server, corpus: Path) -> 
     with server.websocket_connect("/ws?target=fr") as ws:
         ws.send_text(english[0])
         assert ws.receive_text() == server.translator.toward("en", "fr").translate_lines(english[:1])[0]
+        ws.send_bytes(b"\x00")  # the server closes (1003) and its handler ends before the test client's does
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_text()
     missing = server.post("/translate", json={"q": "x", "source": "en"})
     assert missing.status_code == 400 and missing.json()["field"] == "target"
     assert "'de', 'en', 'fr'" in missing.json()["error"]

@@ -78,6 +78,21 @@ def test_ctrl_c_while_training_saves_names_the_update_and_the_newest_checkpoint(
     assert "disk" not in str(err.value)
 
 
+def test_ctrl_c_names_the_checkpoint_resuming_would_use_not_a_newer_unreadable_one(
+    prepared_toy: Config, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    run = tmp_path / "run"
+    train = dataclasses.replace(
+        prepared_toy.train, save_dir=str(run), max_updates=2, save_every_updates=2, validate_every=100, num_threads=1
+    )
+    train_model(dataclasses.replace(prepared_toy, train=train))
+    (run / "checkpoint_u0000100.pt").write_bytes(b"PK\x03\x04 cut short")  # skipped as unreadable on resume
+    request.getfixturevalue("ctrl_c_at_save").append(1)  # the save at update 4
+    with pytest.raises(Interrupted) as err:
+        train_model(dataclasses.replace(prepared_toy, train=dataclasses.replace(train, max_updates=6)))
+    assert f"the newest checkpoint is {run / 'checkpoint_u0000002.pt'}: the same tmt train" in str(err.value)
+
+
 @pytest.mark.parametrize(
     "raised, line",
     [

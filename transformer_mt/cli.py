@@ -28,6 +28,7 @@ from transformer_mt.errors import (
     UserError,
     stopped_by,
 )
+from transformer_mt.files import DISK_FULL, no_room_message
 from transformer_mt.malloc import keep_freed_memory
 from transformer_mt.run_names import AVERAGE_NAME, SCORES_NAME
 
@@ -97,7 +98,7 @@ class Commands(TyperGroup):
             quiet_stdout()
             raise typer.Exit(BROKEN_PIPE) from None
         except OSError as err:  # a path of the user's (below a file, not writable, a full disk): theirs to fix
-            if err.filename is None:
+            if err.filename is None and err.errno not in DISK_FULL:
                 raise
             typer.secho(f"error: {os_error_message(err)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
@@ -166,7 +167,14 @@ def quiet_stdout() -> None:
 
 
 def os_error_message(err: OSError) -> str:
-    """One line for an OSError about a path: which path, what the system said, and what to check."""
+    """One line for an OSError about a path: which path, what the system said, and what to check.
+
+    A full disk (or a file size limit, a quota) names the file where a writer
+    of ours wrote it (`files.naming`); elsewhere it names none, and still
+    ends in one line: no room is no bug of tmt's.
+    """
+    if err.errno in DISK_FULL:
+        return no_room_message(err.filename, err, "choose an output path on another disk")
     where = f"{err.filename}" + (f" -> {err.filename2}" if err.filename2 else "")
     if isinstance(err, FileExistsError | NotADirectoryError) and err.filename:
         # a directory wanted where a file is (-o FILE/out.png): the system's "File exists" names no cause

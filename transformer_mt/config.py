@@ -155,7 +155,7 @@ class TrainConfig:
     max_updates: int = 100_000  # 0 disables this limit
     max_epochs: int = 0  # 0 disables this limit
     max_minutes: float = 0.0  # wall-clock training minutes, counted across resumes; 0 disables
-    validate_every: int = 1000  # updates between validation runs
+    validate_every: int = 1000  # updates between validation runs; 0: only at the end
     # With a time budget (max_minutes), also validate each time the run's clock passes another such fraction of it
     # (0.1: at 10%, 20%, ... of max_minutes), so that a slow machine, which may never reach validate_every updates,
     # still shows its validation loss (and BLEU) as it goes. 0: off. No effect without max_minutes (the paper's).
@@ -763,7 +763,10 @@ LANG_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")  # a language code as file
 
 
 def _validate_validation(tc: TrainConfig) -> None:
-    """Validation BLEU, the best checkpoint's metric and patience."""
+    """How often to validate and save, validation BLEU, the best checkpoint's metric and patience."""
+    for key, what in (("validate_every", "validate only at the end"), ("save_every_updates", "off")):
+        if getattr(tc, key) < 0:
+            raise ConfigError(f"train.{key} must be 0 ({what}) or a number of updates, got {getattr(tc, key)}")
     if tc.valid_bleu_sentences < -1:
         raise ConfigError(
             f"train.valid_bleu_sentences must be -1 (all), 0 (off) or a number of sentences, "

@@ -27,6 +27,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_mt.errors import UserError
+
 # A thread that finds no work sleeps at once instead of spinning (libgomp: 300,000 rounds by default). Idle, the
 # beam search and training keep their speed within noise; beside two trainings the spinning default decoded 8x
 # slower and trained 6x slower than this, and a short spin (10,000 rounds) still 1.7x and 1.4x slower
@@ -106,15 +108,17 @@ def cgroup_quota(root: Path = Path("/")) -> tuple[float, str] | None:
     return cpus, f"a CPU quota of {cpus:g} CPUs ({where})"
 
 
-def _cpu_cgroups(memberships: list[str], mounts: list[str]) -> list[tuple[str, tuple[str, ...], int]]:
-    """Where this process's cpu cgroups are: (mount point, the cgroup's path below it, 2 for the unified
-    hierarchy or 1 for v1's cpu controller), from /proc/self/cgroup (``hierarchy:controllers:path``) and
+def _cpu_cgroups(
+    memberships: list[str], mounts: list[str], controller: str = "cpu"
+) -> list[tuple[str, tuple[str, ...], int]]:
+    """Where this process's cpu (or ``controller``) cgroups are: (mount point, the cgroup's path below it, 2 for
+    the unified hierarchy or 1 for v1's controller), from /proc/self/cgroup (``hierarchy:controllers:path``) and
     /proc/self/mountinfo (``... mount-root mount-point ... - fstype source super-options``)."""
     found = []
     for line in memberships:
         hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         version = 2 if hierarchy == "0" and not controllers else 1
-        if version == 1 and "cpu" not in controllers.split(","):
+        if version == 1 and controller not in controllers.split(","):
             continue
         for mount in mounts:
             before, _, after = mount.partition(" - ")
@@ -122,7 +126,7 @@ def _cpu_cgroups(memberships: list[str], mounts: list[str]) -> list[tuple[str, t
             if len(fields) < 5 or len(tail) < 3:
                 continue
             if (version == 2 and tail[0] == "cgroup2") or (
-                version == 1 and tail[0] == "cgroup" and "cpu" in tail[2].split(",")
+                version == 1 and tail[0] == "cgroup" and controller in tail[2].split(",")
             ):
                 mount_root, mount_point = fields[3], fields[4]
                 # a cgroup namespace shows the process's path from its own root, which is then the mount's root
@@ -145,6 +149,63 @@ def _read_quota(directory: Path, version: int) -> float | None:
         return int(quota) / int(period)
     except (OSError, ValueError):
         return None
+
+
+def available_memory(root: Path = Path("/")) -> tuple[int, str] | None:
+    """Bytes this process may still allocate, and where that figure comes from; None when nothing says.
+
+    The host's ``MemAvailable`` (/proc/meminfo), or less where a memory
+    cgroup of this process or of a parent (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) leaves less above its usage: the kernel kills
+    a process past its cgroup's limit whatever the host has free.
+    """
+    found = []
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
+        memberships = (root / "proc/self/cgroup").read_text().splitlines()
+        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
+    except (OSError, ValueError, IndexError):
+        memberships = mounts = []
+    for mount_point, inside, version in _cpu_cgroups(memberships, mounts, "memory"):
+        for depth in range(len(inside), -1, -1):
+            level = Path(mount_point, *inside[:depth])
+            left = _memory_left(root / level.relative_to("/"), version)
+            if left is not None:
+                found.append((left, f"the memory cgroup limit of {level}"))
+    return min(found) if found else None
+
+
+def _memory_left(directory: Path, version: int) -> int | None:
+    """What a memory cgroup's limit leaves above its usage, or None where it sets none or cannot be read."""
+    limit_name, usage_name = ("memory.max", "memory.current") if version == 2 else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes"
+    )  # fmt: skip
+    try:
+        limit = (directory / limit_name).read_text().strip()
+        if limit == "max" or int(limit) >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2**63 - 1
+            return None
+        return max(0, int(limit) - int((directory / usage_name).read_text().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(needed: int, what: str, fix: str, error: type[UserError] = UserError) -> None:
+    """Refuse, before allocating it, ``needed`` bytes that this process cannot have (`available_memory`):
+    torch's allocator would fail with a traceback, or the kernel kill the process, after minutes of work.
+
+    ``what`` says what would take them, ``fix`` what to change.
+    """
+    found = available_memory()
+    if found is None or needed <= found[0]:
+        return
+    available, where = found
+    raise error(f"{what} would take {_gb(needed)}, more than the {_gb(available)} of memory available ({where}); {fix}")
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
 def use_threads(requested: int = 0) -> Threads:

@@ -11,13 +11,24 @@ with ``O_CREAT | O_EXCL | O_NOFOLLOW``: a file or a symbolic link planted
 under a predictable name can never make a write land somewhere else. A process
 killed mid-write leaves its temporary file behind; `remove_leftovers` deletes
 those of names the caller owns.
+
+A target that exists and is no regular file (a FIFO, /dev/null, a terminal)
+or that names an open descriptor (/dev/stdout, /dev/fd/N) is written in
+place instead: renaming over it would replace a device node or a pipe with a
+regular file, which as root breaks /dev/null for the whole machine.
+
+A full disk (ENOSPC, or EFBIG and EDQUOT, its kin: a file size limit, a
+quota) fails a write without naming the file; these writers name it
+(`naming`), so that the command line reports it in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +37,9 @@ from typing import IO, Any
 from transformer_mt.errors import UserError, raise_if_stopped
 
 _TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[0-9a-f]{8,}\.tmp$")  # 8 hex digits: names written before 16
+DISK_FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # no room: the disk, the file size limit, a quota
+_DESCRIPTOR_DIRS = re.compile(r"/dev/fd|/proc/(self|thread-self|\d+)/fd")
+_IN_PLACE_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)  # after what the stream holds: >> stays >>
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -36,18 +50,25 @@ def atomic_open(path: str | Path, mode: str = "wb", encoding: str | None = None)
     ``mode`` is "wb" or "w" (text is written with '\\n' line ends). The file is
     opened from the descriptor that created it, so nothing can swap a link in
     between. On any exception (KeyboardInterrupt and SIGTERM's `Terminated` included) the temporary file
-    is removed and the exception propagates; the old ``path`` is kept.
+    is removed and the exception propagates; the old ``path`` is kept. A ``path`` that `is_in_place` is
+    opened and written as it is.
     """
     path = Path(path)
+    newline = "\n" if "b" not in mode else None
+    if is_in_place(path):
+        with naming(path), open(os.open(path, _IN_PLACE_FLAGS), mode, encoding=encoding, newline=newline) as f:
+            yield f
+        return
     names: list[Path] = []  # the temporary file's name, known before it exists: an interrupt at once still removes it
     try:
-        fd = _create_temp(path, names)
-        with open(fd, mode, encoding=encoding, newline="\n" if "b" not in mode else None) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        raise_if_stopped()  # a Ctrl-C a finalizer swallowed still keeps the output from looking complete
-        os.replace(names[-1], path)
+        with naming(path):
+            fd = _create_temp(path, names)
+            with open(fd, mode, encoding=encoding, newline=newline) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            raise_if_stopped()  # a Ctrl-C a finalizer swallowed still keeps the output from looking complete
+            os.replace(names[-1], path)
     except BaseException:
         for tmp in names:
             tmp.unlink(missing_ok=True)
@@ -63,21 +84,82 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     created (exclusively, under a random name) before it is yielded; the caller
     reopens it by name. Prefer `atomic_open` where a file object will do. On
     any exception the temporary file is removed and the exception propagates.
+    A ``path`` that `is_in_place` is yielded itself, to be written in place.
     """
     path = Path(path)
+    if is_in_place(path):
+        with naming(path):
+            yield path
+        return
     names: list[Path] = []
     try:
-        os.close(_create_temp(path, names))
-        tmp = names[-1]
-        yield tmp
-        _fsync_file(tmp)
-        raise_if_stopped()
-        os.replace(tmp, path)
+        with naming(path):
+            os.close(_create_temp(path, names))
+            tmp = names[-1]
+            yield tmp
+            _fsync_file(tmp)
+            raise_if_stopped()
+            os.replace(tmp, path)
     except BaseException:
         for tmp in names:
             tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def is_in_place(path: str | Path) -> bool:
+    """Whether ``path`` is written in place rather than replaced: it exists and is no regular file or directory
+    (a FIFO, a device such as /dev/null), or it names an open descriptor (/dev/stdout, /dev/fd/1), whatever that is.
+
+    A descriptor's name leads to the file the shell opened for the command;
+    writing through it keeps what the user asked for (``-o /dev/stdout >
+    out.txt``), where a rename would replace the link /dev/stdout itself.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or (not stat.S_ISDIR(mode) and _names_descriptor(Path(path)))
+
+
+def _names_descriptor(path: Path) -> bool:
+    """Whether ``path``, or a link it leads through, is an entry of /dev/fd or /proc/PID/fd."""
+    path = path.absolute()
+    for _ in range(40):  # the kernel's own limit on links followed
+        if _DESCRIPTOR_DIRS.fullmatch(str(path.parent)):
+            return True
+        if not path.is_symlink():
+            return False
+        path = path.parent / os.readlink(path)
+    return False
+
+
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """A write in the block that fails for want of room (`DISK_FULL`) names ``path``: the OS names no file for it.
+
+    The command line then reports it in one line with the file and the fix
+    (`cli.os_error_message`), whichever writer failed: ours, matplotlib's,
+    CTranslate2's.
+    """
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FULL or err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from None
+
+
+def no_room_message(path: str | Path | None, err: OSError, elsewhere: str) -> str:
+    """The one line for a write that found no room: the file, the system's words, where to make room.
+
+    ``elsewhere``: the other place the user can write to (training: another
+    train.save_dir; a command's output: another -o). ``path`` None: a writer
+    that named no file (the line still says what to do).
+    """
+    if path is None:
+        return f"cannot write ({err.strerror or err}); free space on the disk written to or {elsewhere}"
+    return f"{path}: cannot write ({err.strerror or err}); free space on that disk or {elsewhere}"
 
 
 def check_output_file(path: str | Path, flag: str = "-o", example: str = "out.txt") -> None:

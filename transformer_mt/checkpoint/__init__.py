@@ -12,6 +12,7 @@ from transformer_mt.checkpoint.format import (
     check_weights,
     from_state,
     to_state,
+    weight_problem,
 )
 from transformer_mt.checkpoint.io import checkpoint_problem, read_checkpoint, strip_training_state, write_checkpoint
 from transformer_mt.checkpoint.mean import read_average
@@ -33,5 +34,6 @@ __all__ = [
     "run_dir_checkpoint",
     "strip_training_state",
     "to_state",
+    "weight_problem",
     "write_checkpoint",
 ]

@@ -131,18 +131,45 @@ def from_state(state: Any, path: str | Path) -> Checkpoint:
     model = _entry(state, "model", dict, path)
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
         raise CheckpointError(f"{path}: the 'model' entry is not a state dict (names to tensors); {_NOT_TMT}")
+    for key, tensor in model.items():
+        problem = weight_problem(tensor)
+        if problem:
+            raise CheckpointError(f"{path}: the 'model' entry's {shown(key)} {problem}; {_NOT_TMT}")
     spm = _entry(state, "spm_model", torch.Tensor, path)
     if spm.dtype != torch.uint8 or spm.dim() != 1 or spm.numel() == 0:
         raise CheckpointError(f"{path}: the 'spm_model' entry is not the bytes of a BPE model; {_NOT_TMT}")
     training = _training(state, path) if "optimizer" in state else None
+    config = _config(state, path)
+    progress = _progress(state, path, resumable=training is not None)
+    _check_epoch(progress, config, path)
     return Checkpoint(
         model=model,
-        config=_config(state, path),
+        config=config,
         spm_model=spm.numpy().tobytes(),
-        progress=_progress(state, path, resumable=training is not None),
+        progress=progress,
         training=training,
         averaged_from=[str(p) for p in _entry(state, "averaged_from", list, path, default=[])],
     )
+
+
+def weight_problem(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` cannot be a weight, as the end of a sentence about it; None when it can.
+
+    tmt writes dense tensors of real numbers only (floats; integers for a
+    buffer, which averaging copies). A sparse or meta-device tensor, or one
+    of booleans, complex or quantized numbers, passes a shape check and then
+    fails far away: in ``load_state_dict`` with a size mismatch, in
+    averaging's additions, at the first step of a resumed run. The device is
+    read after ``map_location="cpu"``: only meta stays elsewhere. Integers
+    where the model has floats are `check_weights`' to refuse.
+    """
+    if tensor.layout != torch.strided:
+        return f"is a {str(tensor.layout).removeprefix('torch.')} tensor, not a dense one"
+    if tensor.device.type != "cpu":
+        return f"is a tensor on the {tensor.device.type} device, which holds no values"
+    if tensor.is_complex() or tensor.is_quantized or tensor.dtype == torch.bool:
+        return f"holds {str(tensor.dtype).removeprefix('torch.')}, not real numbers"
+    return None
 
 
 _NOT_TMT = "the file is damaged or was not written by `tmt train` or `tmt average`"
@@ -200,11 +227,30 @@ def _progress(state: dict[str, Any], path: str | Path, resumable: bool) -> Train
             raise CheckpointError(
                 f"{path}: the checkpoint's '{f.name}' entry is {shown(value)}, outside {low}..{high}; {_NOT_TMT}"
             )
+    for key in ("best_valid_loss", "best_valid_bleu"):  # a min (max) of validations from +inf (-inf): never NaN
+        if math.isnan(values[key]):
+            raise CheckpointError(f"{path}: the checkpoint's '{key}' entry is nan, which no run records; {_NOT_TMT}")
     try:
         values["valid_history"] = [[int(u), float(nll)] for u, nll in values["valid_history"]]
     except (TypeError, ValueError):
         raise CheckpointError(f"{path}: the 'valid_history' entry is not a list of [update, nll]; {_NOT_TMT}") from None
     return TrainingProgress(**values)
+
+
+def _check_epoch(p: TrainingProgress, cfg: Config, path: str | Path) -> None:
+    """Refuse an epoch no run of ``cfg`` reaches in ``p.update`` updates.
+
+    Every epoch trains at least one group of batches, and each group is an
+    update or, at most train.max_nonfinite in a row, a skipped one; a larger
+    epoch (10**11 after 20 updates) is damage, which would resume in an
+    epoch whose batch order no run ever saw.
+    """
+    most = (p.update + 1) * (cfg.train.max_nonfinite + 1)
+    if p.epoch > most:
+        raise CheckpointError(
+            f"{path}: the checkpoint's 'epoch' entry is {p.epoch}, more than a run reaches in its {p.update} "
+            f"updates (at most {most}); {_NOT_TMT}"
+        )
 
 
 def _config(state: dict[str, Any], path: str | Path) -> Config:

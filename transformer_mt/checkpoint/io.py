@@ -41,12 +41,17 @@ def write_checkpoint(path: str | Path, ck: Checkpoint) -> None:
             if seen:  # torch's writer turns a Ctrl-C inside it into its own RuntimeError: no disk was at fault
                 raise KeyboardInterrupt from None
             raise_if_stopped()  # the same, under the command line's handler (`errors.stop_on_signals`)
-            raise CheckpointError(f"{path}: could not write the checkpoint ({err}); check free disk space") from err
+            why = next((e.strerror for e in (err, err.__context__) if isinstance(e, OSError) and e.strerror), err)
+            raise CheckpointError(f"{path}: could not write the checkpoint ({why}); check free disk space") from err
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Load and check a checkpoint (onto the CPU, never running code); CheckpointError names a bad file."""
-    return from_state(_load(Path(path), mmap=False), path)
+def read_checkpoint(path: str | Path, mmap: bool = False) -> Checkpoint:
+    """Load and check a checkpoint (onto the CPU, never running code); CheckpointError names a bad file.
+
+    ``mmap``: the weights stay in the file until read (`checkpoint_problem`'s
+    cheap load), for a look at what a checkpoint is rather than a use of it.
+    """
+    return from_state(_load(Path(path), mmap=mmap), path)
 
 
 def checkpoint_problem(path: str | Path) -> str | None:

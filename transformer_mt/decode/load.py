@@ -26,10 +26,11 @@ import torch
 
 from transformer_mt.checkpoint import Checkpoint, check_weights, read_average, run_dir_checkpoint
 from transformer_mt.config import Config, ConfigError, apply_override, parse_override, validate
+from transformer_mt.cpus import check_memory
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK, load_bpe_bytes
 from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import use_onednn_linears
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import Transformer, describe_size, model_bytes
 
 
 class LoadError(UserError):
@@ -241,8 +242,18 @@ def check_loadable(ck: Checkpoint, path: Path) -> None:
 
 
 def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> LoadedModel:
+    """The model of ``ck``: its weights checked against a model built on the meta device, and its size against
+    the memory left, before the model is allocated (a crafted config may describe one of 51 GB)."""
     bpe = checkpoint_bpe(ck, path)
+    with torch.device("meta"):
+        expected = Transformer(cfg.model, bpe.get_piece_size(), pad_id=PAD).state_dict()
+    check_weights(path, ck.model, expected)
+    check_memory(
+        model_bytes(cfg.model, bpe.get_piece_size()),
+        f"{path}: the model its config describes ({describe_size(cfg.model, bpe.get_piece_size())})",
+        "translate on a machine with more memory",
+        LoadError,
+    )
     model = Transformer(cfg.model, bpe.get_piece_size(), pad_id=PAD)
-    check_weights(path, ck.model, model.state_dict())
     model.load_state_dict(ck.model)
     return LoadedModel(model.to(device).eval(), cfg, bpe, ck.spm_model, device)

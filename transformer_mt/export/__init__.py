@@ -35,7 +35,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.decode.ctranslate2_engine import SPM_MODEL, TMT_CONFIG, pieces_of, require_ctranslate2
 from transformer_mt.decode.load import load_model
 from transformer_mt.errors import UserError, raise_if_stopped
-from transformer_mt.files import atomic_open, check_output_file, check_output_parent
+from transformer_mt.files import atomic_open, check_output_file, check_output_parent, is_in_place, naming
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 
@@ -94,7 +94,7 @@ def export_spm(checkpoint: str | Path, out: str | Path, force: bool = False) -> 
     blob = read_checkpoint(checkpoint).spm_model  # a damaged file: CheckpointError naming it and the entry
     if out.is_file() and out.read_bytes() == blob:
         return len(blob)
-    if out.exists() and not force:
+    if out.exists() and not force and not is_in_place(out):  # a FIFO, /dev/null: nothing there to keep
         raise ExportError(
             f"{out} already exists and holds another sentencepiece model than {checkpoint}'s; choose another -o "
             "or pass --force to replace it"
@@ -122,14 +122,16 @@ def atomic_directory(out: Path) -> Iterator[Path]:
 
     A crash or an error never leaves a half-written directory under ``out``:
     the temporary one is removed, and an ``out`` being replaced is moved
-    aside first and deleted only once the new one is in place.
+    aside first and deleted only once the new one is in place. A writer
+    that finds no room names ``out`` (`files.naming`).
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     tmp.mkdir()
     try:
-        yield tmp
-        _sync_files(tmp)
+        with naming(out):
+            yield tmp
+            _sync_files(tmp)
         raise_if_stopped()
         old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
         if out.exists():

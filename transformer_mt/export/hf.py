@@ -37,7 +37,10 @@ The mapping is exact, not an approximation:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +318,22 @@ def _scores(checkpoints: Sequence[Path]) -> list[dict[str, Any]]:
     return found
 
 
+@contextmanager
+def safetensors_os_errors(path: Path) -> Iterator[None]:
+    """safetensors reports a write the OS refused as its own error ("... (os error 28)"): it is raised as the
+    OSError it was, naming ``path``, so that a full disk ends in one line as for every other writer."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from None
+
+
 def _json(value: Any) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
@@ -340,7 +359,8 @@ def export_hf(checkpoints: Sequence[str | Path], out: str | Path, force: bool = 
     generation, gaps = generation_config(loaded.config)
     parameters = sum(p.numel() for p in loaded.model.parameters())
     with atomic_directory(out) as tmp:
-        save_file(marian_state_dict(loaded.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        with safetensors_os_errors(out / "model.safetensors"):
+            save_file(marian_state_dict(loaded.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_bytes(_json(marian_config(loaded.config, loaded.model.vocab_size)))
         (tmp / "generation_config.json").write_bytes(_json(generation))
         for name, blob in tokenizer.items():

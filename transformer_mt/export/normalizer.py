@@ -17,12 +17,15 @@ import subprocess
 import sys
 import tempfile
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sentencepiece as spm
 
 from transformer_mt.data.clean import DROPPED, normalize
 from transformer_mt.errors import UserError
+from transformer_mt.files import DISK_FULL, no_room_message
 
 
 class NormalizerError(UserError):
@@ -70,7 +73,7 @@ def normalizing_spm(spm_model: bytes) -> bytes:
         raise NormalizerError(
             "exporting needs protobuf to edit the sentencepiece model: pip install protobuf (or the hf or ctranslate2 extra)"
         ) from None
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _room_in(tmp):
         rules = Path(tmp) / "rules.tsv"
         rules.write_text(
             "".join(f"{_hex(src)}\t{_hex(dst)}\n" for src, dst in normalization_rules().items()), encoding="utf-8"
@@ -86,6 +89,17 @@ def normalizing_spm(spm_model: bytes) -> bytes:
     spec.precompiled_charsmap = compiled.normalizer_spec.precompiled_charsmap
     spec.remove_extra_whitespaces = True  # after the map turned every whitespace into a space: " ".join(split())
     return proto.SerializeToString()
+
+
+@contextmanager
+def _room_in(tmp: str) -> Iterator[None]:
+    """A full temporary directory is one error naming it and $TMPDIR, which moves it: the output is not at fault."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        raise NormalizerError(no_room_message(tmp, err, "set TMPDIR to a directory on a disk with room")) from None
 
 
 def _train_rules_model(directory: Path, rules: Path) -> None:

@@ -382,6 +382,23 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def model_bytes(cfg: ModelConfig, vocab_size: int) -> int:
+    """Bytes of the model's parameters and buffers (tied ones once), counted on a model built on the meta device:
+    nothing is allocated, however large the config, so that a model too large for the machine is refused first."""
+    with torch.device("meta"):
+        model = Transformer(cfg, vocab_size)
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def describe_size(cfg: ModelConfig, vocab_size: int) -> str:
+    """The keys that size a model, for a message: d_model, d_ff, layers, vocabulary."""
+    return (
+        f"model.d_model {cfg.d_model}, model.d_ff {cfg.d_ff}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
+        f"vocabulary {vocab_size}"
+    )
+
+
 def flops_per_token(cfg: ModelConfig, vocab_size: int, src_len: float, tgt_len: float) -> float:
     """Training FLOPs (forward + backward) per target token, for model FLOPs utilization.
 

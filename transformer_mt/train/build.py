@@ -17,17 +17,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer_mt.checkpoint import Batching
 from transformer_mt.config import Config
+from transformer_mt.cpus import check_memory
 from transformer_mt.data.batching import too_long
 from transformer_mt.data.bpe import PAD, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
 from transformer_mt.data.directions import multilingual
 from transformer_mt.data.mix import CorpusMix, direction_parts
 from transformer_mt.model.onednn import use_onednn_linears
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import Transformer, describe_size, model_bytes
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.run_files import batching_key, dropout_seed
 from transformer_mt.train.schedule import build_optimizer
-from transformer_mt.train.step import Stepper, resolve_precision
+from transformer_mt.train.step import Stepper, TrainError, resolve_precision
 
 
 def max_sentence_len(cfg: Config) -> int:
@@ -106,6 +107,7 @@ def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:
     own dropout masks (`dropout_seed`).
     """
     tc = cfg.train
+    check_training_memory(cfg, env, vocab_size)
     precision = resolve_precision(tc.precision, env.device)
     torch.manual_seed(tc.seed)  # identical initial weights on every rank
     module = Transformer(cfg.model, vocab_size, pad_id=PAD).to(env.device)
@@ -121,6 +123,24 @@ def build_stepper(cfg: Config, env: DistEnv, vocab_size: int) -> Stepper:
         model, module, optimizer, scaler, env, precision, tc.label_smoothing, tc.clip_norm, tc.max_tokens,
         tc.update_freq, defer_sync=bool(optimizer.defaults.get("fused")) and env.device.type == "cuda",
     )  # fmt: skip
+
+
+TRAINING_COPIES = 4  # the weights, their gradients and Adam's two moments, each as large as the weights
+
+
+def check_training_memory(cfg: Config, env: DistEnv, vocab_size: int) -> None:
+    """Refuse a model whose training cannot fit in this machine's memory, before any of it is allocated
+    (`cpus.check_memory`): a --set model.d_model in range can still ask for 51 GB. On a GPU the host holds
+    the weights only while they are built."""
+    copies = TRAINING_COPIES if env.device.type == "cpu" else 1
+    check_memory(
+        model_bytes(cfg.model, vocab_size) * copies,
+        f"training the model of this config ({describe_size(cfg.model, vocab_size)})"
+        + (", with its gradients and Adam's two moments," if copies > 1 else ""),
+        "make the model smaller (model.d_model, model.d_ff, model.encoder_layers, model.decoder_layers) or train "
+        "on a machine with more memory",
+        TrainError,
+    )
 
 
 def compiled_graphs() -> int:

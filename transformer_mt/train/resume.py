@@ -10,6 +10,7 @@ where that is exact, and otherwise refused or said loudly.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,18 +20,25 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import Checkpoint, CheckpointError, TrainingProgress, TrainingState, check_weights
+from transformer_mt.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    TrainingProgress,
+    TrainingState,
+    check_weights,
+    weight_problem,
+)
 from transformer_mt.config import Config, field_differences
 from transformer_mt.data.batching import resume_position
 from transformer_mt.errors import Interrupted, shown
-from transformer_mt.run_names import BEST_NAME
+from transformer_mt.run_names import BEST_NAME, CHECKPOINT_RE
 from transformer_mt.train.build import RunData
 from transformer_mt.train.distributed import DistEnv
 from transformer_mt.train.epochs import Epochs
 from transformer_mt.train.init_from import load_init_weights
 from transformer_mt.train.run_checkpoints import find_resume_checkpoint, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, restore_rng
-from transformer_mt.train.schedule import load_optimizer_state
+from transformer_mt.train.schedule import IMPLEMENTATION_FLAGS, load_optimizer_state
 from transformer_mt.train.step import Stepper, TrainError
 
 
@@ -54,6 +62,7 @@ def resume(cfg: Config, env: DistEnv, stepper: Stepper, data: RunData, epochs: E
             f"{field_differences(saved.model, cfg.model, 'model.')} (the checkpoint's value first); "
             "use a new train.save_dir, or restore the model section the run was started with"
         )
+    check_update_of_name(path, ck.progress)
     check_weights(path, ck.model, stepper.module.state_dict())
     stepper.module.load_state_dict(ck.model)
     check_optimizer_state(path, ck.training.optimizer, stepper.optimizer)
@@ -104,6 +113,55 @@ def check_optimizer_state(path: Path, saved: dict[str, Any], optimizer: torch.op
                     f"{path}: the 'optimizer' entry's {shown(name)} of parameter {index} is not a tensor of its "
                     f"shape {tuple(params[index].shape)}; {_CRAFTED}"
                 )
+            problem = weight_problem(value) if isinstance(value, torch.Tensor) else None
+            if problem:
+                raise CheckpointError(
+                    f"{path}: the 'optimizer' entry's {shown(name)} of parameter {index} {problem}; {_CRAFTED}"
+                )
+    for index, (group, mine) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
+        for key, value in group.items():
+            problem = None if key not in mine or key in IMPLEMENTATION_FLAGS else setting_problem(key, value, mine[key])
+            if problem:
+                raise CheckpointError(
+                    f"{path}: the 'optimizer' entry's {key} of param group {index} is {shown(value)}, {problem}; "
+                    f"{_CRAFTED}"
+                )
+
+
+def setting_problem(key: str, value: Any, mine: Any) -> str | None:
+    """Why ``value`` cannot stand for the optimizer's setting ``key`` (this optimizer's own is ``mine``), or None.
+
+    torch adopts a saved group's settings unchecked and fails only at the
+    first step (``betas: "x"``: a ValueError), or never, training with a NaN
+    ``eps``; the checks are config.py's for the same settings.
+    """
+    if isinstance(mine, bool):
+        return None if isinstance(value, bool) else "not true or false"
+    if isinstance(mine, tuple):  # betas
+        if not isinstance(value, tuple | list) or len(value) != len(mine) or not all(map(_is_number, value)):
+            return f"not {len(mine)} numbers"
+        return None if all(0.0 <= v < 1.0 for v in value) else "outside [0, 1)"
+    if _is_number(mine):  # lr, eps, weight_decay
+        if not _is_number(value) or not math.isfinite(value):
+            return "not a number"
+        low_ok = value > 0 if key == "eps" else value >= 0
+        return None if low_ok else ("not above 0" if key == "eps" else "below 0")
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_update_of_name(path: Path, p: TrainingProgress) -> None:
+    """A periodic checkpoint's name holds its update (`checkpoint_name`): another 'update' entry is damage, which
+    would resume the schedule (and the numbering of checkpoints) elsewhere."""
+    match = CHECKPOINT_RE.fullmatch(path.name)
+    if match and int(match.group(1)) != p.update:
+        raise CheckpointError(
+            f"{path}: the checkpoint's 'update' entry is {p.update}, but its name says update "
+            f"{int(match.group(1))}; {_CRAFTED}"
+        )
 
 
 _CRAFTED = "the file is damaged or was not written by `tmt train`"
@@ -203,9 +261,11 @@ def restart_epoch(env: DistEnv, epochs: Epochs, path: Path, changes: list[str], 
 
 def interrupted(update: int, save_dir: Path) -> Interrupted:
     """Ctrl-C: where the run was, and the checkpoint the same command resumes from (a save cut short is not
-    one: its temporary file is gone, and the one before it is whole)."""
+    one: its temporary file is gone, and the one before it is whole), found as resuming finds it: a newer file
+    that does not read back is not named."""
     done = f"interrupted at update {update}"
-    newest = next(reversed(list_checkpoints(save_dir)), None)
-    if newest is None:
-        return Interrupted(f"{done}, before the first checkpoint; the same tmt train command starts the run again")
-    return Interrupted(f"{done}; the newest checkpoint is {newest}: the same tmt train command resumes from it")
+    found = find_resume_checkpoint(save_dir, look=True)
+    if found is None:
+        before = "no checkpoint of the run reads back" if list_checkpoints(save_dir) else "before the first checkpoint"
+        return Interrupted(f"{done}, {before}; the same tmt train command starts the run again")
+    return Interrupted(f"{done}; the newest checkpoint is {found[0]}: the same tmt train command resumes from it")

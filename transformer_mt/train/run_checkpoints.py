@@ -60,7 +60,7 @@ def newest_readable(run_dir: str | Path, k: int) -> list[Path]:
     return kept[::-1]
 
 
-def find_resume_checkpoint(run_dir: str | Path) -> tuple[Path, Checkpoint] | None:
+def find_resume_checkpoint(run_dir: str | Path, look: bool = False) -> tuple[Path, Checkpoint] | None:
     """The checkpoint a run resumes from: its newest readable periodic one, or checkpoint_best.pt in its stead.
 
     Unreadable periodic checkpoints are skipped with a warning. The one found
@@ -68,29 +68,33 @@ def find_resume_checkpoint(run_dir: str | Path) -> tuple[Path, Checkpoint] | Non
     stripped); the best checkpoint keeps its training state and takes over if
     it is at least as new, so no readable checkpoint is newer than the point
     the run resumes from. Otherwise the weights-only one is returned, for the
-    trainer to refuse with advice.
+    trainer to refuse with advice. ``look``: only to name it (the Ctrl-C
+    hint): files memory-mapped, no warnings.
     """
-    found = _newest_readable(run_dir)
+    found = _newest_readable(run_dir, look)
     if found is None or found[1].training is not None or found[1].averaged_from:  # an average is refused
         return found
     best = Path(run_dir) / BEST_NAME
     try:
-        ck = read_checkpoint(best) if best.is_file() else None
+        ck = read_checkpoint(best, mmap=look) if best.is_file() else None
     except CheckpointError as err:
-        print(f"warning: skipping {err}", file=sys.stderr)
+        if not look:
+            print(f"warning: skipping {err}", file=sys.stderr)
         return found
     if ck is not None and ck.training is not None and ck.progress.update >= (checkpoint_update(found[0]) or 0):
         return best, ck
     return found
 
 
-def _newest_readable(run_dir: str | Path) -> tuple[Path, Checkpoint] | None:
-    """The newest periodic checkpoint that reads; unreadable ones are skipped with a warning."""
+def _newest_readable(run_dir: str | Path, look: bool = False) -> tuple[Path, Checkpoint] | None:
+    """The newest periodic checkpoint that reads; unreadable ones are skipped with a warning (``look``: quietly,
+    memory-mapped)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, read_checkpoint(path)
+            return path, read_checkpoint(path, mmap=look)
         except CheckpointError as err:
-            print(f"warning: skipping {err}", file=sys.stderr)
+            if not look:
+                print(f"warning: skipping {err}", file=sys.stderr)
     return None
 
 

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import Batching, RngState
 from transformer_mt.config import Config, save_config
-from transformer_mt.files import atomic_write_text
+from transformer_mt.files import atomic_write_text, no_room_message
 from transformer_mt.model.transformer import flops_per_token
 from transformer_mt.run_names import CONFIG_NAME, METRICS_NAME
 from transformer_mt.runs import Record, StartRecord
@@ -206,8 +206,9 @@ class RunFiles:
 def unwritable(path: Path, err: OSError) -> TrainError:
     """A run file the OS refuses to write (a full disk, most often), as the error that says where to make room."""
     return TrainError(
-        f"{path}: cannot write ({err.strerror or err}); free space on that disk or set train.save_dir to a "
-        "directory with room, then run the same command again (it resumes)"
+        no_room_message(
+            path, err, "set train.save_dir to a directory with room, then run the same command again (it resumes)"
+        )
     )
 
 
