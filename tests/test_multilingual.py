@@ -463,6 +463,7 @@ def test_a_direction_with_files_of_its_own_and_a_weight(corpus: Path, tmp_path: 
     prepare_data(cfg)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["splits"]["train.en-fr"]["sentences"] == 100 and manifest["splits"]["valid.en-fr"]["read"] == 24
+    assert manifest["directions"] == DIRECTIONS
     sizes = np.array([240, 240, 100])
     selection = epoch_selection(sizes, cfg.data.temperature, 1, 1, weights(cfg.data))
     expected = np.round(sizes.sum() * sizes * [1, 1, 2] / (sizes * [1, 1, 2]).sum())

@@ -109,7 +109,9 @@ class Manifest:
     seconds: dict[str, float]  # per step: clean, bpe, encode
     workers: int
     bpe_model: GivenBpe | None = None  # set with bpe.model; None when the BPE model was learned
-    directions: list[str] = field(default_factory=list)  # data.directions; [] for one pair (and in older manifests)
+    directions: list[str] = field(
+        default_factory=list
+    )  # every direction (data.directions, data.corpora); [] for one pair
 
     def to_dict(self) -> dict[str, Any]:
         given = (

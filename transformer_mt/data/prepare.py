@@ -248,7 +248,7 @@ def _prepare_in(work: Path, cfg: Config, splits: list[SplitFiles], fingerprints:
         format=FORMAT_VERSION,
         src_lang=first.src,
         tgt_lang=first.tgt,
-        directions=list(cfg.data.directions),
+        directions=[way.name for way in directions(cfg.data)] if multilingual(cfg.data) else [],
         vocab_size=vocab_size,
         ids_dtype=np.dtype(dtype).name,
         config_hash=prepare_hash(cfg),
