@@ -41,9 +41,10 @@ from typing import Any
 
 from transformer_mt.config import load_config
 from transformer_mt.data.clean import read_lines
-from transformer_mt.data.directions import Direction, directions, languages, prefix
+from transformer_mt.data.directions import Direction, directions, languages, prefix, sources, targets
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.metrics import corpus_sacrebleu
+from transformer_mt.serve.detect import LanguageDetector
 
 MULTI = "configs/multi30k_multilingual.yaml"
 BILINGUAL = "configs/multi30k_hour.yaml"
@@ -87,13 +88,11 @@ def bleu(hyps: list[str], prefix: str, lang: str) -> float:
 
 
 def wrong_language(hyps: list[str], expected: str, langs: list[str]) -> float:
-    """The share of non-empty lines that py3langid, choosing among ``langs``, does not find in ``expected``."""
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    ident.set_languages(langs)
+    """The share of non-empty lines that py3langid, choosing among ``langs`` (tmt serve's `LanguageDetector`),
+    does not find in ``expected``."""
+    detector = LanguageDetector(langs)
     lines = [h for h in hyps if h.strip()]
-    return round(sum(ident.classify(h)[0] != expected for h in lines) / max(1, len(lines)), 4)
+    return round(sum(detector.detect(h)["language"] != expected for h in lines) / max(1, len(lines)), 4)
 
 
 def score_model(checkpoint: Path, ways: list[Direction], out: Path, cfg: Any) -> dict[str, dict[str, float]]:
@@ -116,7 +115,7 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
     result = {}
     for src, tgt in itertools.permutations(langs, 2):
         way = Direction(src, tgt)
-        known = any(w.src == src for w in trained) and any(w.tgt == tgt for w in trained)
+        known = src in sources(cfg.data) and tgt in targets(cfg.data)
         if way in trained or pivot in (src, tgt) or not known:
             continue
         at = cfg.data.test  # the multi-way parallel test files

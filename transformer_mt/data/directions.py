@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import sentencepiece as spm
 
-from transformer_mt.config import DataConfig
+from transformer_mt.config import CorpusConfig, DataConfig
 from transformer_mt.errors import UserError
 
 
@@ -61,19 +61,33 @@ def multilingual(data: DataConfig) -> bool:
     return bool(data.directions or data.corpora)
 
 
+def sources(data: DataConfig) -> list[str]:
+    """The languages the model translates from, in the config's order."""
+    return list(dict.fromkeys(way.src for way in directions(data)))
+
+
+def targets(data: DataConfig) -> list[str]:
+    """The languages the model translates into, in the config's order."""
+    return list(dict.fromkeys(way.tgt for way in directions(data)))
+
+
 def prefix(data: DataConfig, direction: Direction, split: str) -> str:
     """The prefix of ``direction``'s ``split`` (train, valid, test) files: its ``data.corpora`` entry's, or
     ``data.<split>`` (the multi-way parallel files, and an entry's empty valid or test); "" for none."""
-    own = next((c for c in data.corpora if c.direction == direction.name and getattr(c, split)), None)
-    return getattr(own if own is not None else data, split)
+    own = _own_entry(data, direction, split)
+    return getattr(own[1] if own else data, split)
 
 
 def prefix_key(data: DataConfig, direction: Direction, split: str) -> str:
     """The config key `prefix` read, for messages: ``data.corpora[1].valid`` or ``data.valid``."""
-    for i, c in enumerate(data.corpora):
-        if c.direction == direction.name and getattr(c, split):
-            return f"data.corpora[{i}].{split}"
-    return f"data.{split}"
+    own = _own_entry(data, direction, split)
+    return f"data.corpora[{own[0]}].{split}" if own else f"data.{split}"
+
+
+def _own_entry(data: DataConfig, direction: Direction, split: str) -> tuple[int, CorpusConfig] | None:
+    """The ``data.corpora`` entry (its index, itself) that names ``direction``'s ``split`` files, if one does."""
+    named = ((i, c) for i, c in enumerate(data.corpora) if c.direction == direction.name and getattr(c, split))
+    return next(named, None)
 
 
 def weights(data: DataConfig) -> list[float]:
@@ -95,7 +109,7 @@ def tag_symbols(data: DataConfig) -> list[str]:
     """The tags the BPE model must hold as single pieces: one per target language ([] for one pair)."""
     if not multilingual(data):
         return []
-    return [tag(lang) for lang in dict.fromkeys(d.tgt for d in directions(data))]
+    return [tag(lang) for lang in targets(data)]
 
 
 def source_prefix(data: DataConfig, bpe: spm.SentencePieceProcessor, tgt: str) -> np.ndarray:
@@ -123,27 +137,25 @@ def choose(
     source's language does not change what the model reads: a server's
     ``source: auto``).
     """
-    trained = directions(data)
-    sources = list(dict.fromkeys(d.src for d in trained))
-    targets = list(dict.fromkeys(d.tgt for d in trained))
-    for given, known, side in ((src, sources, "source"), (tgt, targets, "target")):
+    trained, froms, intos = directions(data), sources(data), targets(data)
+    for given, known, side in ((src, froms, "source"), (tgt, intos, "target")):
         if given is not None and given not in known:
             raise DirectionError(
-                f"{where}: {given!r} is not a {side} language of this model; it translates from {', '.join(sources)} "
-                f"into {', '.join(targets)}"
+                f"{where}: {given!r} is not a {side} language of this model; it translates from {', '.join(froms)} "
+                f"into {', '.join(intos)}"
             )
     if tgt is None:
-        if len(targets) > 1:
+        if len(intos) > 1:
             raise DirectionError(
-                f"this model translates into {', '.join(targets)}: choose one with --tgt-lang "
+                f"this model translates into {', '.join(intos)}: choose one with --tgt-lang "
                 f"(its directions: {', '.join(d.name for d in trained)})"
             )
-        tgt = targets[0]
+        tgt = intos[0]
     if src is None:
         into = [d.src for d in trained if d.tgt == tgt]
         if len(into) > 1 and not any_source:
             raise DirectionError(f"this model translates into {tgt} from {', '.join(into)}: say which with --src-lang")
-        src = into[0] if into else sources[0]
+        src = into[0] if into else froms[0]
     if src == tgt:
         raise DirectionError(f"{where}: source and target are both {src!r}; choose two different languages")
     return Direction(src, tgt)

@@ -91,13 +91,13 @@ class SplitFiles:
     src: Path
     tgt: Path
     key: str  # e.g. data.train
-    split: str = ""  # train, valid or test ("": the name)
-    src_lang: str = ""
-    tgt_lang: str = ""
+    split: str  # train, valid or test
+    src_lang: str
+    tgt_lang: str
 
     @property
     def training(self) -> bool:
-        return (self.split or self.name) == "train"
+        return self.split == "train"
 
 
 def split_files(cfg: Config) -> list[SplitFiles]:

@@ -10,7 +10,7 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
 from transformer_mt.data.bpe import MODEL_NAME, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import directions, multilingual, weights
+from transformer_mt.data.directions import directions, multilingual, split_name, weights
 from transformer_mt.data.mix import CorpusMix, direction_parts, temperature_shares
 from transformer_mt.data.prepare import PrepareError, load_manifest, unk_note
 
@@ -46,9 +46,10 @@ def format_stats(cfg: Config) -> str:
         raise PrepareError(f"{cfg.data.dir} holds no complete prepared data; run `tmt prepare CONFIG` first")
     d = cfg.data
     lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest.vocab_size}, ids stored as {manifest.ids_dtype}"]
+    sides = {split_name(s, d, way): way for s in ("train", "valid", "test") for way in directions(d)}
     for split, st in manifest.splits.items():
-        src, _, tgt = split.rpartition(".")[2].partition("-") if multilingual(d) else (d.src_lang, "", d.tgt_lang)
-        ds = ParallelDataset(d.dir, split, src, tgt)
+        way = sides.get(split, directions(d)[0])  # a split of another config: DatasetError names its files
+        ds = ParallelDataset(d.dir, split, way.src, way.tgt)
         dropped = ", ".join(f"{r} {n}" for r, n in st.dropped.items()) or "none"
         lines.append(
             f"  {split}: {len(ds):,} pairs ({st.read:,} read, dropped: {dropped}); "

@@ -24,7 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
-from transformer_mt.data.directions import directions
+from transformer_mt.data.directions import directions, sources
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
@@ -37,7 +37,6 @@ from transformer_mt.serve.protocol import (
     check_size,
     languages,
     libre_response,
-    model_sources,
     parse_json,
     parse_libre,
     parse_v1,
@@ -86,7 +85,7 @@ class _Handlers:
     def __init__(self, batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool) -> None:
         self.batcher, self.info, self.limits, self.start_worker = batcher, info, limits, start_worker
         self.cfg = batcher.translator.cfg
-        self.detector = LanguageDetector(model_sources(self.cfg))  # source "auto", /detect
+        self.detector = LanguageDetector(sources(self.cfg.data))  # source "auto", /detect
 
     def routes(self) -> list[Route | WebSocketRoute]:
         """The paths the server answers: the demo page, LibreTranslate's, tmt's own, the WebSocket."""

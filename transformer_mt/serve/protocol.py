@@ -35,7 +35,7 @@ from transformer_mt.config import (
     mode_conflict,
     parse_sampling,
 )
-from transformer_mt.data.directions import directions
+from transformer_mt.data.directions import sources, targets
 from transformer_mt.decode.translate import Translation
 from transformer_mt.serve.detect import LanguageDetector
 
@@ -215,35 +215,26 @@ def parse_libre(
     lines = [line for part in split for line in part]
     check_size(lines, limits, "q")
     job = Job(lines, nbest=alternatives + 1, languages=(source, target))
-    detector = detector or LanguageDetector(model_sources(cfg)[:1])
+    detector = detector or LanguageDetector(sources(cfg.data)[:1])
     detected = None if source is not None else [detector.detect(text) for text in texts]
     return LibreRequest(job, [len(part) for part in split], single, alternatives, detected)
-
-
-def model_sources(cfg: Config) -> list[str]:
-    """The languages the model translates from, in the config's order."""
-    return list(dict.fromkeys(way.src for way in directions(cfg.data)))
-
-
-def model_targets(cfg: Config) -> list[str]:
-    return list(dict.fromkeys(way.tgt for way in directions(cfg.data)))
 
 
 def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple[str | None, str]:
     """A request's ``source`` and ``target``, refused unless the model translates from and into them; the source
     is None for ``auto`` (any of the model's: the server detects it). ``target`` may be left out for a model of
     one target; ``auto``: what a missing source means ("auto" for LibreTranslate's API, None for tmt's)."""
-    sources, targets = model_sources(cfg), model_targets(cfg)
-    source, target = raw.get("source", auto), raw.get("target", targets[0] if len(targets) == 1 else None)
-    if source not in (*sources, "auto", None):
+    froms, intos = sources(cfg.data), targets(cfg.data)
+    source, target = raw.get("source", auto), raw.get("target", intos[0] if len(intos) == 1 else None)
+    if source not in (*froms, "auto", None):
         raise RequestError(
-            400, f"'source' {source!r}: this model translates from {', '.join(map(repr, sources))} (or pass 'auto')",
+            400, f"'source' {source!r}: this model translates from {', '.join(map(repr, froms))} (or pass 'auto')",
             "source",
         )  # fmt: skip
-    if target not in targets:
+    if target not in intos:
         given = "no 'target'" if target is None else f"'target' {target!r}"
         raise RequestError(
-            400, f"{given}: this model translates into {', '.join(map(repr, targets))}", "target"
+            400, f"{given}: this model translates into {', '.join(map(repr, intos))}", "target"
         )  # fmt: skip
     if source == target:
         raise RequestError(400, f"'source' and 'target' are both {source!r}: choose two languages", "target")
@@ -400,9 +391,9 @@ def _number(x: float) -> float | None:
 def languages(cfg: Config) -> list[dict[str, Any]]:
     """LibreTranslate's ``/languages``: each language of the model with the targets it translates into (every
     target of the model but itself: a pair never trained is translated zero-shot); a target only, with none."""
-    sources, targets = model_sources(cfg), model_targets(cfg)
+    froms, intos = sources(cfg.data), targets(cfg.data)
     return [
         {"code": lang, "name": LANGUAGE_NAMES.get(lang, lang),
-         "targets": [t for t in targets if t != lang] if lang in sources else []}
-        for lang in dict.fromkeys([*sources, *targets])
+         "targets": [t for t in intos if t != lang] if lang in froms else []}
+        for lang in dict.fromkeys([*froms, *intos])
     ]  # fmt: skip
