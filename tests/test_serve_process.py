@@ -211,7 +211,7 @@ def test_a_second_signal_stops_at_once(toy_ckpt: Path, lines: list[str]) -> None
         target=lambda: _raw_post(port, "/translate", json.dumps({"q": lines * 80}).encode()), daemon=True
     )
     client.start()
-    time.sleep(0.5)  # the request is in the worker
+    _await_search(port)  # the request is in the worker: a signal now must not wait for it
     proc.send_signal(signal.SIGINT)
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -219,6 +219,15 @@ def test_a_second_signal_stops_at_once(toy_ckpt: Path, lines: list[str]) -> None
     assert proc.returncode == 130, output
     assert "Traceback" not in output, output
     assert output.splitlines()[-1].startswith("interrupted: SIGINT again, stopped at once"), output
+
+
+def _await_search(port: int, timeout: float = 60) -> None:
+    """Until the server's search has taken a step: polled, not slept, so that a loaded machine cannot make the
+    signal come before the request is in flight."""
+    deadline = time.monotonic() + timeout
+    while _request(f"http://127.0.0.1:{port}/health", timeout=10)[1]["steps"] == 0:
+        assert time.monotonic() < deadline, "the request never reached the search"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
