@@ -37,9 +37,11 @@ def test_o_is_output_for_a_file_and_out_dir_for_a_directory(commands: dict[str, 
         assert names[0] == expected, f"tmt {name}: -o is {names}"
 
 
-def test_i_is_the_input_file_of_translate_only(commands: dict[str, click.Command]) -> None:
-    assert [name for name, c in commands.items() if "-i" in _options(c)] == ["translate"]
-    assert _options(commands["translate"])["-i"] == ["--input", "-i"]
+def test_i_is_the_input_file_of_the_commands_that_translate_a_file_only(commands: dict[str, click.Command]) -> None:
+    translating = ["translate", "backtranslate", "distill"]
+    assert [name for name, c in commands.items() if "-i" in _options(c)] == translating
+    for name in translating:
+        assert _options(commands[name])["-i"] == ["--input", "-i"]
 
 
 def test_score_writes_scores_json_as_evaluate_does(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ LAYERS = [
         ("paper",),
         ("runs",),
     ),
-    *(("data",), ("metrics",), ("model",), ("decode", "export"), ("evaluate",), ("train",)),
+    *(("data",), ("metrics",), ("model",), ("decode", "export"), ("evaluate", "synthetic_corpus"), ("train",)),
     *(("report", "plots", "attention_maps", "init_config"), ("serve",), ("quickstart", "cli", "__main__")),
 ]
 

@@ -805,6 +805,99 @@ def translate(
     _translate_lines(checkpoint, input, output, window_lines, buffer_lines, settings)
 
 
+CorpusInputOpt = Annotated[
+    Path,
+    typer.Option("--input", "-i", help="Text in the model's source language, one sentence per line, no empty lines."),
+]
+CorpusPrefixOpt = Annotated[
+    Path,
+    typer.Option(
+        "--output", "-o",
+        help="The corpus prefix: writes PREFIX.SRC (the input) and PREFIX.TGT (its translations), the model's "
+        "languages as suffixes, for a config's data.train or data.corpora; PREFIX.parts/ holds the windows done "
+        "until the end.",
+    ),
+]  # fmt: skip
+CorpusWindowOpt = Annotated[
+    int, typer.Option("--window-lines", help="Lines translated and saved at a time: what a kill loses at most.")
+]
+CorpusForceOpt = Annotated[
+    bool, typer.Option("--force", help="Start over: replace the corpus, or windows made with another plan.")
+]
+
+
+@app.command()
+def backtranslate(
+    checkpoint: TranslateCheckpointOpt,
+    input: CorpusInputOpt,
+    output: CorpusPrefixOpt,
+    beam: TranslateBeamOpt = None,
+    sample: SampleOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: SeedOpt = None,
+    ensemble: CombineOpt = False,
+    window_lines: CorpusWindowOpt = 10_000,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    device: DeviceOpt = None,
+    set_: TranslateSetOpt = None,
+    force: CorpusForceOpt = False,
+    threads: ThreadsOpt = 0,
+) -> None:
+    """Make a parallel corpus of monolingual text and a reverse model's translations of it (back-translation).
+
+    Give text in the language you want to translate INTO and a model that
+    translates from it: -c de-en.pt -i captions.de -o synth/bt writes
+    synth/bt.de (the text) and synth/bt.en (the translations), a corpus for
+    an en->de model (Sennrich et al. 2016; --sample topk:10 --seed 1 for
+    sampled back-translation, Edunov et al. 2018). Interrupted, the same
+    command resumes at the first window not yet saved, and the corpus equals
+    an uninterrupted run's. docs/training.md, "More data from your model".
+    """
+    _make_corpus(checkpoint, input, output, beam, sample, temperature, seed, ensemble, window_lines,
+                 (src_lang, tgt_lang), device, set_, force, threads)  # fmt: skip
+
+
+@app.command()
+def distill(
+    checkpoint: TranslateCheckpointOpt,
+    input: CorpusInputOpt,
+    output: CorpusPrefixOpt,
+    beam: TranslateBeamOpt = None,
+    ensemble: CombineOpt = False,
+    window_lines: CorpusWindowOpt = 10_000,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    device: DeviceOpt = None,
+    set_: TranslateSetOpt = None,
+    force: CorpusForceOpt = False,
+    threads: ThreadsOpt = 0,
+) -> None:
+    """Make a parallel corpus of the training sources and a teacher's translations of them (distillation).
+
+    -c teacher.pt (or -c a.pt -c b.pt --ensemble) -i train.en -o synth/kd
+    writes synth/kd.en (the sources) and synth/kd.de (the teacher's beam
+    search output), the corpus a student is trained on (sequence-level
+    knowledge distillation, Kim & Rush 2016). Resumable as backtranslate is.
+    docs/training.md, "More data from your model".
+    """
+    _make_corpus(checkpoint, input, output, beam, None, None, None, ensemble, window_lines, (src_lang, tgt_lang),
+                 device, set_, force, threads)  # fmt: skip
+
+
+def _make_corpus(
+    checkpoint: list[Path], input: Path, output: Path, beam: int | None, sample: str | None,
+    temperature: float | None, seed: int | None, ensemble: bool, window_lines: int,
+    languages: tuple[str | None, str | None], device: str | None, set_: list[str] | None, force: bool, threads: int,
+) -> None:  # fmt: skip
+    from transformer_mt.synthetic_corpus import make_corpus
+
+    threads_for(threads, False)
+    overrides = decode_overrides(set_, None, beam=beam, sample=sample, temperature=temperature, seed=seed)
+    src, tgt = make_corpus(checkpoint, input, output, overrides, languages, window_lines, ensemble, device, force)
+    typer.echo(f"wrote {src} and {tgt}", err=True)
+
+
 def _check_translate_args(
     args: list[str], checkpoint: list[Path], constraints: bool, engine: Engine, ensemble: bool, prefixes: bool
 ) -> None:
