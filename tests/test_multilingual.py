@@ -90,7 +90,7 @@ def test_a_direction_that_does_not_read_is_one_error(value: str, fragment: str) 
 def test_temperature_must_be_positive_and_bpe_dropout_waits_for_one_pair() -> None:
     with pytest.raises(ConfigError, match="data.temperature must be above 0"):
         load_config("tmt:toy.yaml", ["data.temperature=0"])
-    with pytest.raises(ConfigError, match="bpe.sampling_alpha works with one language pair"):
+    with pytest.raises(ConfigError, match="bpe.sampling_alpha works with one corpus of one language pair"):
         load_config("tmt:toy.yaml", ["data.synth=false", "data.directions=[en-de]", "bpe.sampling_alpha=0.1"])
 
 

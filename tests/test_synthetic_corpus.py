@@ -9,6 +9,8 @@ and write exactly the corpus of an uninterrupted run, sampled lines included.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -17,11 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import run_config, tmt
 
-from transformer_mt.config import Config
+from transformer_mt.config import Config, ConfigError, load_config
+from transformer_mt.data.bpe import load_bpe
 from transformer_mt.data.clean import InputError
+from transformer_mt.data.directions import BT_TAG, directions, multilingual, train_parts, weights
+from transformer_mt.data.mix import temperature_shares, train_mix
+from transformer_mt.data.prepare import prepare_data, prepare_hash
+from transformer_mt.data.synthetic import write_corpus
 from transformer_mt.decode.translate import Translator
 from transformer_mt.synthetic_corpus import CorpusError, make_corpus
+from transformer_mt.train.trainer import train_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,3 +140,120 @@ def test_the_command_line_is_one_line_per_refusal(toy_ckpt: Path, tmp_path: Path
         f"error: {path}, line 2: an empty line; a corpus pairs sentences, one per line: remove the empty lines "
         f"first (grep -v '^[[:space:]]*$' {path} > cleaned)"
     ], done.stderr
+
+
+# ---------------------------------------------------------------- synthetic corpora in a config
+
+
+def pair_config(root: Path, *extra: str):
+    """The toy corpus of one pair (en-de, c/) with the given keys; a 1+1-layer model, 12 updates."""
+    return load_config(
+        "tmt:toy.yaml",
+        [
+            f"data.train={root}/c/train", f"data.valid={root}/c/valid", f"data.test={root}/c/test",
+            f"data.dir={root}/out", "data.synth=false", "data.workers=1", "bpe.vocab_size=150", "model.d_model=32",
+            "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1", "train.max_updates=12",
+            "train.validate_every=6", "train.save_every_updates=6", "train.warmup=4", "train.valid_bleu_sentences=0",
+            "decode.max_len_b=5", *extra,
+        ],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A toy en-de corpus (200 training pairs) and a synthetic one, bt.{en,de}: 120 other lines whose English side
+    is the toy model's own back-translation of the German (made by `make_corpus`, as `tmt backtranslate` does)."""
+    root = tmp_path_factory.mktemp("pair")
+    write_corpus(root / "c", 200, 20, 20, 1, "en", "de")
+    write_corpus(root / "other", 120, 1, 1, 7, "en", "de")
+    return root
+
+
+@pytest.fixture(scope="module")
+def bt(pair: Path, toy_ckpt: Path) -> Path:
+    """The synthetic corpus: the toy checkpoint (standing in for a reverse model) translates 120 lines of text."""
+    german = (pair / "other" / "train.de").read_text(encoding="utf-8").splitlines()
+    mono = _write(pair / "mono.txt", german)
+    make_corpus([toy_ckpt], mono, pair / "made", window_lines=50)  # made.en: the text, made.de: its translations
+    (pair / "bt.de").write_text((pair / "made.en").read_text(encoding="utf-8"), encoding="utf-8")
+    (pair / "bt.en").write_text((pair / "made.de").read_text(encoding="utf-8"), encoding="utf-8")
+    return pair / "bt"
+
+
+def _pieces(path: Path) -> list[str]:
+    bpe = load_bpe(path)
+    return [bpe.id_to_piece(i) for i in range(bpe.get_piece_size())]
+
+
+def synthetic(prefix: Path, tag: bool, weight: float = 1.0) -> str:
+    return f"data.corpora=[{{direction: en-de, train: {prefix}, synthetic: true, tag: {str(tag).lower()}, weight: {weight}}}]"
+
+
+@pytest.mark.parametrize(
+    ("corpora", "says"),
+    [
+        ("[{direction: en-de, train: x, synthetic: true, valid: y}]", "a synthetic corpus trains only"),
+        ("[{direction: en-de, train: x, tag: true}]", "set synthetic: true too"),
+        ("[{direction: de-en, train: x, synthetic: true}]", "a synthetic corpus of de-en, which the model does not train"),
+    ],
+)  # fmt: skip
+def test_a_synthetic_corpus_the_model_cannot_use_is_a_config_error(corpora: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_config("tmt:toy.yaml", ["data.synth=false", f"data.corpora={corpora}"])
+
+
+def test_a_synthetic_corpus_keeps_a_model_of_one_pair_and_its_prepared_data(pair: Path, bt: Path) -> None:
+    plain = pair_config(pair)
+    cfg = pair_config(pair, synthetic(bt, tag=False))
+    assert not multilingual(cfg.data) and [w.name for w in directions(cfg.data)] == ["en-de"]
+    assert [(p.name, p.synthetic) for p in train_parts(cfg.data)] == [("train", False), ("train.synthetic0", True)]
+    corpora = "data.corpora=[{direction: en-de, train: x}, {direction: en-fr, train: y, weight: 2}]"
+    assert prepare_hash(load_config("tmt:toy.yaml", ["data.synth=false", corpora])) == (
+        "b9f293960a37cb2667fb280148f8c5c6"
+    )  # as before synthetic corpora existed: data prepared with data.corpora stays up to date
+    prepare_data(plain)
+    before = _pieces(pair / "out" / "spm.model")
+    prepare_data(cfg)  # the synthetic text stays out of the BPE sample: the same vocabulary
+    assert _pieces(pair / "out" / "spm.model") == before
+    manifest = json.loads((pair / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["splits"]["train.synthetic0"]["read"] == 120 and manifest.get("directions", []) == []
+
+
+def test_a_tagged_corpus_starts_its_sources_with_bt_and_the_real_ones_do_not(pair: Path, bt: Path, tmp_path) -> None:
+    cfg = pair_config(pair, synthetic(bt, tag=True, weight=0.5), f"data.dir={tmp_path}/out")
+    prepare_data(cfg)
+    bpe = load_bpe(tmp_path / "out" / "spm.model")
+    bt_id = bpe.piece_to_id(BT_TAG)
+    assert bpe.id_to_piece(bt_id) == BT_TAG
+    mix = train_mix(tmp_path / "out", cfg.data, bpe)
+    real, made = (int(n) for n in mix.sizes)
+    assert all(mix.src_ids(i)[0] != bt_id for i in range(real))
+    assert all(mix.src_ids(i)[0] == bt_id and bt_id not in mix.src_ids(i)[1:] for i in range(real, real + made))
+    assert weights(cfg.data) == [1.0, 0.5]
+    config = tmp_path / "bt.yaml"
+    config.write_text(cfg.to_yaml(), encoding="utf-8")
+    done = tmt("data-stats", str(config))
+    assert done.returncode == 0, done.stderr
+    shares = temperature_shares(mix.sizes, 1.0, [1.0, 0.5])
+    assert f"en-de synthetic (tagged) {bt} {shares[1]:.1%}" in done.stdout
+    assert f"each epoch: real pairs {shares[0]:.1%}, synthetic {shares[1]:.1%}" in done.stdout
+
+
+@pytest.mark.slow
+def test_synthetic_corpora_keep_resume_bit_exact_and_the_log_shows_their_share(
+    pair: Path, bt: Path, tmp_path: Path, capfd
+) -> None:
+    cfg = pair_config(pair, synthetic(bt, tag=True, weight=0.5), f"data.dir={tmp_path}/out")
+    whole = run_config(cfg, tmp_path / "whole")
+    train_model(whole)
+    assert "each epoch: real pairs" in capfd.readouterr().err
+    cut = run_config(cfg, tmp_path / "cut", max_updates=6)
+    train_model(cut)
+    train_model(dataclasses.replace(cut, train=dataclasses.replace(cut.train, max_updates=12)))
+    a = torch.load(tmp_path / "whole" / "checkpoint_u0000012.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut" / "checkpoint_u0000012.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    t = Translator.from_checkpoints([tmp_path / "whole" / "checkpoint_u0000012.pt"], device="cpu")
+    t.show_progress = False
+    assert len(t.translate_lines(["A dog runs.", "The man sees a cat."])) == 2  # real input: no <BT> added
+    assert t.source_prefix == []

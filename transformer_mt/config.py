@@ -48,6 +48,9 @@ class CorpusConfig:
     valid: str = ""  # prefix of its validation files; "": data.valid's files of its two languages
     test: str = ""  # prefix of its test files; "": data.test's
     weight: float = 1.0  # multiplies its share of each epoch (see data.temperature)
+    synthetic: bool = False  # a model's translations (tmt backtranslate, tmt distill): trained beside its direction's
+    # real pairs, not a direction of its own; counted apart by data-stats; train files only
+    tag: bool = False  # synthetic only: its sources start with <BT> (tagged back-translation, Caswell et al. 2019)
 
 
 @dataclass
@@ -599,8 +602,11 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {p}")
     for key, on in (("bpe.sampling_alpha", cfg.bpe.sampling_alpha > 0), ("data.synth", cfg.data.synth)):
-        if (cfg.data.directions or cfg.data.corpora) and on:
-            raise ConfigError(f"{key} works with one language pair, not yet with several directions; turn it off")
+        if (cfg.data.directions or cfg.data.corpora) and on:  # several directions, or synthetic corpora
+            raise ConfigError(
+                f"{key} works with one corpus of one language pair, not yet with data.directions or data.corpora; "
+                "turn it off"
+            )
     _validate_schedule(cfg.train)
     _validate_optimizer(cfg)
     _validate_decode(cfg.decode)
@@ -736,18 +742,34 @@ def _validate_data(d: DataConfig) -> None:
     for text in d.directions:
         _check_direction(text, "data.directions")
     for i, corpus in enumerate(d.corpora):
-        where = f"data.corpora[{i}]"
-        _check_direction(corpus.direction, f"{where}.direction")
-        if not corpus.train:
-            raise ConfigError(f"{where}.train is empty; it must name the prefix of {corpus.direction}'s training files")
-        if not (math.isfinite(corpus.weight) and corpus.weight > 0):
-            raise ConfigError(f"{where}.weight must be above 0 (1: its share by size alone), got {corpus.weight}")
-    every = [*d.directions, *(c.direction for c in d.corpora)]
+        _validate_corpus(corpus, f"data.corpora[{i}]")
+    every = [*d.directions, *(c.direction for c in d.corpora if not c.synthetic)]
     if len(set(every)) != len(every):
         twice = next(x for x in every if every.count(x) > 1)
         raise ConfigError(f"{twice} is listed twice (data.directions, data.corpora); list each direction once")
+    trained = every or [f"{d.src_lang}-{d.tgt_lang}"]
+    for i, corpus in enumerate(d.corpora):
+        if corpus.synthetic and corpus.direction not in trained:
+            raise ConfigError(
+                f"data.corpora[{i}]: a synthetic corpus of {corpus.direction}, which the model does not train "
+                f"({', '.join(trained)}); give it one of those directions"
+            )
     if not (math.isfinite(d.temperature) and d.temperature > 0):
         raise ConfigError(f"data.temperature must be above 0 (1: in proportion to the data), got {d.temperature}")
+
+
+def _validate_corpus(corpus: CorpusConfig, where: str) -> None:
+    _check_direction(corpus.direction, f"{where}.direction")
+    if not corpus.train:
+        raise ConfigError(f"{where}.train is empty; it must name the prefix of {corpus.direction}'s training files")
+    if not (math.isfinite(corpus.weight) and corpus.weight > 0):
+        raise ConfigError(f"{where}.weight must be above 0 (1: its share by size alone), got {corpus.weight}")
+    if corpus.synthetic and (corpus.valid or corpus.test):
+        raise ConfigError(
+            f"{where}: a synthetic corpus trains only; validate and test on real text (drop its valid and test)"
+        )
+    if corpus.tag and not corpus.synthetic:
+        raise ConfigError(f"{where}.tag marks synthetic sources (<BT>); set synthetic: true too, or drop tag")
 
 
 def _check_direction(text: str, where: str) -> None:

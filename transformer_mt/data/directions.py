@@ -49,16 +49,55 @@ def tag(lang: str) -> str:
 
 
 def directions(data: DataConfig) -> list[Direction]:
-    """The directions a config trains, in its order: ``data.directions``, then ``data.corpora``'s; or the one
-    pair src_lang -> tgt_lang."""
+    """The directions a config trains, in its order: ``data.directions``, then ``data.corpora``'s (synthetic ones
+    aside: they add pairs to a direction); or the one pair src_lang -> tgt_lang."""
     if not multilingual(data):
         return [Direction(data.src_lang, data.tgt_lang)]
-    return [Direction.parse(text) for text in [*data.directions, *(c.direction for c in data.corpora)]]
+    return [Direction.parse(text) for text in [*data.directions, *(c.direction for c in _real(data))]]
 
 
 def multilingual(data: DataConfig) -> bool:
     """Whether the config lists directions (each source then starts with a target tag)."""
-    return bool(data.directions or data.corpora)
+    return bool(data.directions or _real(data))
+
+
+def _real(data: DataConfig) -> list[CorpusConfig]:
+    return [c for c in data.corpora if not c.synthetic]
+
+
+BT_TAG = "<BT>"  # the first source token of a tagged synthetic corpus (Caswell et al. 2019)
+
+
+@dataclass(frozen=True)
+class TrainPart:
+    """One set of training pairs as ``data.dir`` holds it: a direction's real pairs, or a synthetic corpus's."""
+
+    name: str  # its split in data.dir: train, train.en-de, train.synthetic2
+    direction: Direction
+    prefix: str  # its raw files' prefix
+    key: str  # the config key naming it
+    weight: float
+    synthetic: bool = False
+    tagged: bool = False
+
+
+def train_parts(data: DataConfig) -> list[TrainPart]:
+    """The training pairs, in the order they are laid end to end: each direction's, then each synthetic corpus's."""
+    real = [
+        TrainPart(split_name("train", data, way), way, prefix(data, way, "train"), prefix_key(data, way, "train"), w)
+        for way, w in zip(directions(data), _direction_weights(data), strict=True)
+    ]
+    synthetic = [
+        TrainPart(f"train.synthetic{i}", Direction.parse(c.direction), c.train, f"data.corpora[{i}].train", c.weight,
+                  True, c.tag)
+        for i, c in enumerate(data.corpora) if c.synthetic
+    ]  # fmt: skip
+    return real + synthetic
+
+
+def mixed(data: DataConfig) -> bool:
+    """Whether training draws from several parts (directions, synthetic corpora) rather than one prepared split."""
+    return len(train_parts(data)) > 1 or multilingual(data)
 
 
 def sources(data: DataConfig) -> list[str]:
@@ -85,14 +124,23 @@ def prefix_key(data: DataConfig, direction: Direction, split: str) -> str:
 
 
 def _own_entry(data: DataConfig, direction: Direction, split: str) -> tuple[int, CorpusConfig] | None:
-    """The ``data.corpora`` entry (its index, itself) that names ``direction``'s ``split`` files, if one does."""
-    named = ((i, c) for i, c in enumerate(data.corpora) if c.direction == direction.name and getattr(c, split))
+    """The real ``data.corpora`` entry (its index, itself) that names ``direction``'s ``split`` files, if one does."""
+    named = (
+        (i, c) for i, c in enumerate(data.corpora)
+        if c.direction == direction.name and getattr(c, split) and not c.synthetic
+    )  # fmt: skip
     return next(named, None)
 
 
+def _direction_weights(data: DataConfig) -> list[float]:
+    """Each direction's weight, in `directions` order: its real ``data.corpora`` entry's, else 1."""
+    real = _real(data) if multilingual(data) else []
+    return [1.0] * (len(directions(data)) - len(real)) + [c.weight for c in real]
+
+
 def weights(data: DataConfig) -> list[float]:
-    """Each direction's weight on its share of an epoch, in `directions` order: a ``data.corpora`` entry's, else 1."""
-    return [1.0] * (len(directions(data)) - len(data.corpora)) + [c.weight for c in data.corpora]
+    """Each training part's weight on its share of an epoch, in `train_parts` order."""
+    return [part.weight for part in train_parts(data)]
 
 
 def languages(data: DataConfig) -> list[str]:
@@ -106,21 +154,24 @@ def split_name(split: str, data: DataConfig, direction: Direction) -> str:
 
 
 def tag_symbols(data: DataConfig) -> list[str]:
-    """The tags the BPE model must hold as single pieces: one per target language ([] for one pair)."""
-    if not multilingual(data):
-        return []
-    return [tag(lang) for lang in targets(data)]
+    """The tags the BPE model must hold as single pieces: one per target language ([] for one pair), and <BT>
+    when a synthetic corpus is tagged."""
+    tags = [tag(lang) for lang in targets(data)] if multilingual(data) else []
+    return tags + ([BT_TAG] if any(c.tag for c in data.corpora) else [])
 
 
-def source_prefix(data: DataConfig, bpe: spm.SentencePieceProcessor, tgt: str) -> np.ndarray:
-    """The ids each source into ``tgt`` starts with: its tag's id, or none for a model of one pair."""
-    if not multilingual(data):
-        return np.zeros(0, dtype=np.int64)
-    piece = tag(tgt)
+def source_prefix(data: DataConfig, bpe: spm.SentencePieceProcessor, tgt: str, tagged: bool = False) -> np.ndarray:
+    """The ids each source into ``tgt`` starts with: its target tag (none for a model of one pair), then <BT> for
+    the pairs of a tagged synthetic corpus (``tagged``)."""
+    pieces = ([tag(tgt)] if multilingual(data) else []) + ([BT_TAG] if tagged else [])
+    return np.array([_piece_id(bpe, piece) for piece in pieces], dtype=np.int64)
+
+
+def _piece_id(bpe: spm.SentencePieceProcessor, piece: str) -> int:
     index = bpe.piece_to_id(piece)
     if bpe.id_to_piece(index) != piece:
         raise DirectionError(f"the BPE model holds no {piece} token; run `tmt prepare --force CONFIG`")
-    return np.array([index], dtype=np.int64)
+    return index
 
 
 def choose(

@@ -16,7 +16,7 @@ import sentencepiece as spm
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import directions, source_prefix, split_name
+from transformer_mt.data.directions import directions, source_prefix, split_name, train_parts
 
 
 class CorpusMix:
@@ -102,3 +102,13 @@ def direction_parts(
         )
         for way in directions(data)
     }
+
+
+def train_mix(data_dir: Path, data: DataConfig, bpe: spm.SentencePieceProcessor) -> CorpusMix:
+    """Every training part (`train_parts`: each direction's pairs, then each synthetic corpus's) behind the ids its
+    sources start with (the target tag; <BT> for a tagged synthetic corpus)."""
+    return CorpusMix([
+        (ParallelDataset(data_dir, part.name, part.direction.src, part.direction.tgt),
+         source_prefix(data, bpe, part.direction.tgt, part.tagged))
+        for part in train_parts(data)
+    ])  # fmt: skip

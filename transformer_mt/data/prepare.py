@@ -60,6 +60,7 @@ from transformer_mt.data.directions import (
     prefix_key,
     split_name,
     tag_symbols,
+    train_parts,
 )
 from transformer_mt.data.manifest import (
     FORMAT_VERSION,
@@ -94,6 +95,7 @@ class SplitFiles:
     split: str  # train, valid or test
     src_lang: str
     tgt_lang: str
+    synthetic: bool  # a model's translations: cleaned and encoded as any split, kept out of the BPE sample
 
     @property
     def training(self) -> bool:
@@ -101,19 +103,24 @@ class SplitFiles:
 
 
 def split_files(cfg: Config) -> list[SplitFiles]:
-    """The splits the config names, each direction's in turn; ``data.test: ""`` means no test split."""
+    """The splits the config names: the training parts (each direction's, then each synthetic corpus's), then
+    each direction's valid and test; ``data.test: ""`` means no test split."""
     d = cfg.data
-    return [
-        _split(name, d, way, prefix(d, way, name))
-        for name in ("train", "valid", "test")
-        for way in directions(d)
+    train = [
+        SplitFiles(part.name, raw_file(part.prefix, part.direction.src), raw_file(part.prefix, part.direction.tgt),
+                   part.key, "train", part.direction.src, part.direction.tgt, part.synthetic)
+        for part in train_parts(d)
+    ]  # fmt: skip
+    held_out = [
+        _split(name, d, way, prefix(d, way, name)) for name in ("valid", "test") for way in directions(d)
         if prefix(d, way, name)
-    ]
+    ]  # fmt: skip
+    return train + held_out
 
 
 def _split(name: str, d: DataConfig, way: Direction, at: str) -> SplitFiles:
     src, tgt = raw_file(at, way.src), raw_file(at, way.tgt)
-    return SplitFiles(split_name(name, d, way), src, tgt, prefix_key(d, way, name), name, way.src, way.tgt)
+    return SplitFiles(split_name(name, d, way), src, tgt, prefix_key(d, way, name), name, way.src, way.tgt, False)
 
 
 NEW_DATA_KEYS = {
@@ -121,6 +128,7 @@ NEW_DATA_KEYS = {
     "temperature": 1.0,
     "corpora": [],
 }  # outside the hash at these values: data prepared before
+NEW_CORPUS_KEYS = {"synthetic": False, "tag": False}  # the same, for each data.corpora entry
 
 
 def prepare_hash(cfg: Config) -> str:
@@ -131,6 +139,10 @@ def prepare_hash(cfg: Config) -> str:
     for key, default in NEW_DATA_KEYS.items():
         if data[key] == default:
             del data[key]
+    for corpus in data.get("corpora", []):
+        for key, default in NEW_CORPUS_KEYS.items():
+            if corpus[key] == default:
+                del corpus[key]
     return config_hash(data) + _bpe_hash(cfg)
 
 
@@ -445,7 +457,7 @@ def _clean_split(s: SplitFiles, cfg: Config, work: Path, total: int, sample: Bpe
     Returns the counts: pairs read, kept (``sentences``) and dropped per reason.
     """
     train = s.training
-    take_src, take_tgt = (False, False) if sample is None else (sample.claim(s.src), sample.claim(s.tgt))
+    take_src, take_tgt = (False, False) if sample is None or s.synthetic else (sample.claim(s.src), sample.claim(s.tgt))
     dropped: Counter[str] = Counter()
     read = kept = 0
     src_in, tgt_in = clean.read_lines(s.src), clean.read_lines(s.tgt)

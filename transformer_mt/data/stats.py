@@ -10,8 +10,8 @@ from transformer_mt.config import Config
 from transformer_mt.data.batching import batch_by_size, ordered_indices, too_long
 from transformer_mt.data.bpe import MODEL_NAME, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import directions, multilingual, split_name, weights
-from transformer_mt.data.mix import CorpusMix, direction_parts, temperature_shares
+from transformer_mt.data.directions import TrainPart, directions, mixed, split_name, train_parts, weights
+from transformer_mt.data.mix import CorpusMix, temperature_shares, train_mix
 from transformer_mt.data.prepare import PrepareError, load_manifest, unk_note
 
 PERCENTILES = (50, 90, 99)
@@ -47,6 +47,7 @@ def format_stats(cfg: Config) -> str:
     d = cfg.data
     lines = [f"{cfg.data.dir}: joint BPE vocabulary {manifest.vocab_size}, ids stored as {manifest.ids_dtype}"]
     sides = {split_name(s, d, way): way for s in ("train", "valid", "test") for way in directions(d)}
+    sides |= {part.name: part.direction for part in train_parts(d)}  # synthetic corpora's splits too
     for split, st in manifest.splits.items():
         way = sides.get(split, directions(d)[0])  # a split of another config: DatasetError names its files
         ds = ParallelDataset(d.dir, split, way.src, way.tgt)
@@ -59,28 +60,38 @@ def format_stats(cfg: Config) -> str:
         lines.append(_length_line("target", ds.tgt_lens))
     train = _training_set(cfg)
     if isinstance(train, CorpusMix):
-        lines.append(_shares_line(cfg, train))
+        lines.append(shares_line(cfg, train))
     lines.append(_batch_line(cfg, train))
     return "\n".join(lines)
 
 
 def _training_set(cfg: Config) -> ParallelDataset | CorpusMix:
-    """The training pairs: the one pair's, or every direction's behind its tag."""
+    """The training pairs: the one pair's, or every part's (directions, synthetic corpora) behind its tags."""
     d = cfg.data
-    if not multilingual(d):
+    if not mixed(d):
         return ParallelDataset(d.dir, "train", d.src_lang, d.tgt_lang)
-    return CorpusMix(list(direction_parts(Path(d.dir), d, "train", load_bpe(Path(d.dir) / MODEL_NAME)).values()))
+    return train_mix(Path(d.dir), d, load_bpe(Path(d.dir) / MODEL_NAME))
 
 
-def _shares_line(cfg: Config, train: CorpusMix) -> str:
-    """Each direction's share of an epoch at data.temperature (`temperature_shares`) beside its share of the data."""
-    t = cfg.data.temperature
+def shares_line(cfg: Config, train: CorpusMix) -> str:
+    """Each part's share of an epoch at data.temperature (`temperature_shares`) beside its share of the data, and
+    the real and synthetic pairs' shares when there are synthetic ones."""
+    t, parts = cfg.data.temperature, train_parts(cfg.data)
     shares = temperature_shares(train.sizes, t, weights(cfg.data))
     each = ", ".join(
-        f"{name} {share:.1%} ({size:,} pairs, {size / train.sizes.sum():.1%} of the data)"
-        for name, share, size in zip([way.name for way in directions(cfg.data)], shares, train.sizes, strict=True)
+        f"{_part_name(part)} {share:.1%} ({size:,} pairs, {size / train.sizes.sum():.1%} of the data)"
+        for part, share, size in zip(parts, shares, train.sizes, strict=True)
     )
-    return f"  each epoch at data.temperature={t:g}{' and data.corpora weights' if cfg.data.corpora else ''}: {each}"
+    line = f"  each epoch at data.temperature={t:g}{' and data.corpora weights' if cfg.data.corpora else ''}: {each}"
+    synthetic = sum(share for part, share in zip(parts, shares, strict=True) if part.synthetic)
+    return line + (f"\n  each epoch: real pairs {1 - synthetic:.1%}, synthetic {synthetic:.1%}" if synthetic else "")
+
+
+def _part_name(part: TrainPart) -> str:
+    """``en-de``, or for a synthetic corpus ``en-de synthetic (tagged) data/bt``."""
+    if not part.synthetic:
+        return part.direction.name
+    return f"{part.direction.name} synthetic{' (tagged)' if part.tagged else ''} {part.prefix}"
 
 
 def _batch_line(cfg: Config, ds: ParallelDataset | CorpusMix) -> str:

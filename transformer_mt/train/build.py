@@ -21,8 +21,8 @@ from transformer_mt.cpus import check_memory
 from transformer_mt.data.batching import too_long
 from transformer_mt.data.bpe import PAD, load_bpe
 from transformer_mt.data.dataset import ParallelDataset
-from transformer_mt.data.directions import multilingual
-from transformer_mt.data.mix import CorpusMix, direction_parts
+from transformer_mt.data.directions import mixed, multilingual
+from transformer_mt.data.mix import CorpusMix, direction_parts, train_mix
 from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer, describe_size, model_bytes
 from transformer_mt.train.distributed import DistEnv
@@ -58,13 +58,15 @@ def load_run_data(cfg: Config, env: DistEnv) -> RunData:
     max_len = max_sentence_len(cfg)
     valid_directions = {}
     if multilingual(cfg.data):
-        bpe = load_bpe(spm_path)
-        parts = {split: direction_parts(data_dir, cfg.data, split, bpe) for split in ("train", "valid")}
-        train, valid = CorpusMix(list(parts["train"].values())), CorpusMix(list(parts["valid"].values()))
-        valid_directions = {name: CorpusMix([part]) for name, part in parts["valid"].items()}
+        parts = direction_parts(data_dir, cfg.data, "valid", load_bpe(spm_path))
+        valid = CorpusMix(list(parts.values()))
+        valid_directions = {name: CorpusMix([part]) for name, part in parts.items()}
     else:
-        train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
-        valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)
+        valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
+    if mixed(cfg.data):
+        train = train_mix(data_dir, cfg.data, load_bpe(spm_path))
+    else:
+        train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
     return RunData(
         dir=data_dir,
         train=train,

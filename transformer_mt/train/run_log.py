@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import TrainingProgress
 from transformer_mt.config import Config, TrainConfig
+from transformer_mt.data.mix import CorpusMix
+from transformer_mt.data.stats import shares_line
 from transformer_mt.model.transformer import count_parameters, flops_per_token
 from transformer_mt.progress import Bar, is_terminal
 from transformer_mt.runs import EndRecord, TrainRecord, ValidRecord, WarningRecord
@@ -123,6 +125,8 @@ class RunLog:
             "validation sentences",
             file=sys.stderr,
         )
+        if isinstance(data.train, CorpusMix):  # each direction's and each synthetic corpus's share of an epoch
+            tqdm.write(shares_line(self.cfg, data.train).replace("  each", "each"), file=sys.stderr)
         write_config(self.cfg, files.save_dir)
         lengths = (float(data.train.src_lens.mean()), float(data.train.tgt_lens.mean()))
         files.log(start_record(self.cfg, env, update, parameters, data.vocab_size, lengths, precision))
