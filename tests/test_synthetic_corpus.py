@@ -257,3 +257,23 @@ def test_synthetic_corpora_keep_resume_bit_exact_and_the_log_shows_their_share(
     t.show_progress = False
     assert len(t.translate_lines(["A dog runs.", "The man sees a cat."])) == 2  # real input: no <BT> added
     assert t.source_prefix == []
+
+
+@pytest.mark.slow
+def test_a_student_trains_on_a_teachers_corpus_and_decodes_int8(pair: Path, toy_ckpt: Path, tmp_path: Path) -> None:
+    """The distillation path end to end at toy scale: `make_corpus` of the training sources with the toy model as
+    teacher, a student with a deeper encoder than decoder (as configs/multi30k_student.yaml) trained on it, and
+    the student's int8 translations, one per line."""
+    kd = make_corpus([toy_ckpt], pair / "c" / "train.en", tmp_path / "kd", window_lines=100)[1]
+    assert len(kd.read_text(encoding="utf-8").splitlines()) == 200
+    cfg = pair_config(
+        pair, f"data.train={tmp_path}/kd", f"data.dir={tmp_path}/out", "model.encoder_layers=2",
+        "model.decoder_layers=1", "data.max_ratio=100",
+    )  # fmt: skip
+    train_model(run_config(cfg, tmp_path / "student"))
+    student = Translator.from_checkpoints(
+        [tmp_path / "student" / "checkpoint_u0000012.pt"], device="cpu", overrides=["decode.quantize=int8"]
+    )
+    student.show_progress = False
+    lines = (pair / "c" / "test.en").read_text(encoding="utf-8").splitlines()
+    assert len(student.translate_lines(lines)) == len(lines) and student.cfg.model.decoder_layers == 1

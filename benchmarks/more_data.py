@@ -1,0 +1,209 @@
+"""More data from a model: back-translated captions for Multi30k en->de, and a distilled int8 student.
+
+Runs the README's commands ("More data from your model"), each stage once:
+
+1. **reverse**: `tmt train configs/multi30k_hour.yaml` with de -> en, for
+   ``--reverse-minutes``, then `tmt average`;
+2. **backtranslate**: `tmt backtranslate` of Multi30k's German task-2
+   captions (shared/data/multi30k_captions, 145k lines, exact repeats
+   dropped) with the reverse model (``--bt-sample topk:10``, Edunov et al.
+   2018, or ``--bt-beam``);
+3. **final**: `tmt train configs/multi30k_hour.yaml` on the real pairs and
+   the back-translated corpus (``--variant tagged``: `synthetic: true, tag:
+   true`; ``untagged``; ``real``: no synthetic corpus, the ablation's
+   baseline) for ``--final-minutes``, then `tmt average`;
+4. **distill** and **student**: `tmt distill` of the training sources with
+   the final model as teacher, `tmt train configs/multi30k_student.yaml`
+   on them for ``--student-minutes``, `tmt average`; decoded with int8.
+
+Scores: sacreBLEU (13a, cased) of valid and test2016 from each averaged
+model. Speed: test2016 translated in this process by the teacher (fp32 and
+int8) and the int8 student, interleaved rounds, the best of each; beam 4.
+Results: OUT/seedN/result.json (``test2016``, ``valid``, ``minutes`` per stage
+and ``total``, ``student_test2016``, ``student_speedup``: student int8 over
+teacher fp32 sentences per second) and a markdown table on stdout.
+
+    python benchmarks/more_data.py --seed 1 --out runs/more_data
+    python benchmarks/more_data.py --seed 1 --out runs/more_data --variant untagged   # the ablation, same budget
+
+A run cut short goes on with the same command: training resumes from its
+newest checkpoint, back-translation and distillation at the window they
+reached, and a finished stage is not run again. Run it from the repository
+root on an otherwise idle machine (the budgets are wall clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformer_mt.data.clean import read_lines
+from transformer_mt.decode.translate import Translator
+from transformer_mt.files import atomic_write_lines
+from transformer_mt.metrics import corpus_sacrebleu
+
+DATA = Path("../shared/data/multi30k")
+CAPTIONS = Path("../shared/data/multi30k_captions")
+RECIPE, STUDENT = "configs/multi30k_hour.yaml", "configs/multi30k_student.yaml"
+
+
+def tmt(*args: str) -> None:
+    """Run one tmt command as a user would, its progress on this terminal; stop the benchmark if it fails."""
+    done = subprocess.run([sys.executable, "-m", "transformer_mt", *args], check=False)
+    if done.returncode != 0:
+        sys.exit(f"tmt {' '.join(args)} failed ({done.returncode})")
+
+
+def sets(*pairs: str) -> list[str]:
+    return [x for pair in pairs for x in ("--set", pair)]
+
+
+class Stages:
+    """The pipeline's stages over one output directory, each timed (minutes of this call) and skipped once done."""
+
+    def __init__(self, out: Path, seed: int, captions: int, extra: list[str]) -> None:
+        self.out, self.seed, self.captions_lines, self.extra = out, seed, captions, extra
+        self.record = out / "minutes.json"  # summed over the calls that ran each stage: a resumed run counts whole
+        self.minutes = json.loads(self.record.read_text(encoding="utf-8")) if self.record.is_file() else {}
+
+    def timed(self, name: str, run: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return run()
+        finally:
+            self.minutes[name] = round(self.minutes.get(name, 0) + (time.monotonic() - start) / 60, 1)
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.record.write_text(json.dumps(self.minutes, indent=1) + "\n", encoding="utf-8")
+
+    def train(self, name: str, config: str, minutes: float, *keys: str) -> Path:
+        """``tmt train`` (or resume) into OUT/name, then `tmt average`; the averaged checkpoint."""
+        run = self.out / name
+        if not (run / "average.pt").is_file():
+            keys = (f"train.save_dir={run}", f"train.seed={self.seed}", f"train.max_minutes={minutes}", *keys,
+                    *self.extra)  # fmt: skip
+            self.timed(name, lambda: tmt("train", config, *sets(*keys)))
+            tmt("average", str(run))
+        return run / "average.pt"
+
+    def captions(self) -> Path:
+        """The German captions, files 1 to 5 in order, each sentence once (the corpus repeats some verbatim)."""
+        path = self.out / "captions.de"
+        if not path.is_file():
+            lines = [line for i in range(1, 6) for line in read_lines(CAPTIONS / f"train.{i}.de")]
+            kept = list(dict.fromkeys(line for line in lines if line.strip()))
+            atomic_write_lines(path, kept[: self.captions_lines or None])
+        return path
+
+    def corpus(self, command: str, checkpoint: Path, text: Path, prefix: Path, *flags: str) -> Path:
+        """``tmt backtranslate`` / ``tmt distill`` into ``prefix`` (resumed at its window); the prefix."""
+        if not Path(f"{prefix}.en").is_file() or not Path(f"{prefix}.de").is_file():
+            self.timed(command, lambda: tmt(command, "-c", str(checkpoint), "-i", str(text), "-o", str(prefix), *flags))
+        return prefix
+
+
+def bleu(checkpoint: Path, split: str, out: Path, quantize: str = "") -> float:
+    """sacreBLEU of ``split`` (valid, test) translated by ``checkpoint`` (kept in ``out``)."""
+    hyp = out / f"{split}{'.' + quantize if quantize else ''}.de"
+    if not hyp.is_file():
+        tmt("translate", "-c", str(checkpoint), "-i", str(DATA / f"{split}.en"), "-o", str(hyp),
+            *(["--quantize", quantize] if quantize else []))  # fmt: skip
+    return round(corpus_sacrebleu(list(read_lines(hyp)), list(read_lines(DATA / f"{split}.de")))["score"], 2)
+
+
+def speeds(models: dict[str, tuple[Path, str]], rounds: int = 3) -> dict[str, float]:
+    """Sentences per second on test2016 of each (checkpoint, quantize), loading excluded; rounds interleaved, the
+    best round of each, so that what else the machine does weighs on all alike."""
+    lines = list(read_lines(DATA / "test.en"))
+    loaded = {}
+    for name, (checkpoint, quantize) in models.items():
+        loaded[name] = Translator.from_checkpoints([checkpoint], "cpu", [f"decode.quantize={quantize or 'none'}"])
+        loaded[name].show_progress = False
+    best = dict.fromkeys(models, 0.0)
+    for _ in range(rounds):
+        for name, translator in loaded.items():
+            start = time.perf_counter()
+            translator.translate_lines(lines)
+            best[name] = max(best[name], round(len(lines) / (time.perf_counter() - start), 1))
+    return best
+
+
+def int8_megabytes(checkpoint: Path) -> float:
+    """The size of the model as it ships for CPU decoding: `tmt export ctranslate2 --quantization int8`'s directory
+    (its int8 weights, vocabulary and sentencepiece model)."""
+    exported = checkpoint.parent / "ct2_int8"
+    if not exported.is_dir():
+        tmt("export", "ctranslate2", "-c", str(checkpoint), "-o", str(exported), "--quantization", "int8")
+    return round(sum(p.stat().st_size for p in exported.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def final_keys(out: Path, variant: str, bt: Path | None, weight: float) -> list[str]:
+    """The final model's data keys: its own prepared directory (in ``out``: its corpus is this seed's), and the
+    synthetic corpus of ``variant``."""
+    keys = [f"data.dir={out}/prepared_{variant}"]
+    if variant != "real":
+        tag = "true" if variant == "tagged" else "false"
+        keys.append(f"data.corpora=[{{direction: en-de, train: {bt}, synthetic: true, tag: {tag}, weight: {weight}}}]")
+    return keys
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/more_data"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--variant", choices=["tagged", "untagged", "real"], default="tagged")
+    parser.add_argument("--reverse-minutes", type=float, default=25)
+    parser.add_argument("--final-minutes", type=float, default=100)
+    parser.add_argument("--student-minutes", type=float, default=60)
+    parser.add_argument("--bt-sample", default="topk:10", help="sampled back-translation ('' for beam search)")
+    parser.add_argument("--bt-beam", type=int, default=4, help="the beam without --bt-sample")
+    parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's data.corpora weight")
+    parser.add_argument("--no-student", action="store_true", help="stop after the final model")
+    parser.add_argument("--captions-lines", type=int, default=0, help="back-translate only the first N (0: all)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
+    args = parser.parse_args()
+    out = args.out / f"seed{args.seed}"
+    stages = Stages(out, args.seed, args.captions_lines, args.sets)
+    bt = None
+    if args.variant != "real":
+        reverse = stages.train("reverse", RECIPE, args.reverse_minutes, "data.src_lang=de", "data.tgt_lang=en",
+                               "data.dir=prepared/multi30k_de_en")  # fmt: skip
+        how = (
+            ["--sample", args.bt_sample, "--seed", str(args.seed)] if args.bt_sample else ["--beam", str(args.bt_beam)]
+        )
+        bt = stages.corpus("backtranslate", reverse, stages.captions(), out / "synth" / "bt", *how)
+    final = stages.train(
+        f"final_{args.variant}", RECIPE, args.final_minutes, *final_keys(out, args.variant, bt, args.bt_weight)
+    )
+    result: dict[str, Any] = {"variant": args.variant, "seed": args.seed}
+    result["valid"], result["test2016"] = (bleu(final, split, final.parent) for split in ("valid", "test"))
+    if not args.no_student:
+        kd = stages.corpus("distill", final, DATA / "train.en", out / "synth" / "kd")
+        student = stages.train("student", STUDENT, args.student_minutes, f"data.train={kd}",
+                               f"data.dir={out}/prepared_kd")  # fmt: skip
+        result["student_valid"] = bleu(student, "valid", student.parent, "int8")
+        result["student_test2016"] = bleu(student, "test", student.parent, "int8")
+        found = speeds({"teacher": (final, ""), "teacher_int8": (final, "int8"), "student_int8": (student, "int8")})
+        result["sentences_per_s"] = found
+        result["student_speedup"] = round(found["student_int8"] / found["teacher"], 2)
+        result["student_int8_mb"] = int8_megabytes(student)
+    pipeline = [stage for stage in ("reverse", "backtranslate", f"final_{args.variant}") if stage in stages.minutes]
+    result["minutes"] = {**stages.minutes, "total": round(sum(stages.minutes[s] for s in pipeline), 1)}
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(
+        "| "
+        + " | ".join(result)
+        + " |\n|"
+        + "---|" * len(result)
+        + "\n| "
+        + " | ".join(map(str, result.values()))
+        + " |"
+    )
+
+
+if __name__ == "__main__":
+    main()
