@@ -40,6 +40,22 @@ def run_config(cfg: Config, save_dir: str | Path, **train: Any) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, save_dir=str(save_dir), **train))
 
 
+def assert_resume_is_bit_exact(cfg: Config, root: Path, updates: int = 12) -> Path:
+    """Train ``cfg`` for ``updates`` at once (in root/whole) and cut in two halves (root/cut, resumed); assert both
+    end with the same weights, bit for bit. Returns the uninterrupted run's directory."""
+    from transformer_mt.train.trainer import train_model
+
+    train_model(run_config(cfg, root / "whole", max_updates=updates))
+    cut = run_config(cfg, root / "cut", max_updates=updates // 2)
+    train_model(cut)
+    train_model(dataclasses.replace(cut, train=dataclasses.replace(cut.train, max_updates=updates)))
+    name = f"checkpoint_u{updates:07d}.pt"
+    a = torch.load(root / "whole" / name, weights_only=True)["model"]
+    b = torch.load(root / "cut" / name, weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return root / "whole"
+
+
 def metric_records(run_dir: Path) -> list[dict[str, Any]]:
     """Every record of the run's metrics.jsonl, in file order, each line parsed strictly: a test must fail on a
     malformed line, which `transformer_mt.runs.read_metrics` (for users' runs, crashed ones included) passes over."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_user_error, metric_records, run_config, tmt
+from helpers import assert_resume_is_bit_exact, assert_user_error, metric_records, run_config, tmt
 
 from transformer_mt.config import ConfigError, load_config
 from transformer_mt.data.bpe import load_bpe
@@ -193,14 +192,7 @@ def test_a_resumed_run_draws_and_trains_exactly_as_one_that_never_stopped(corpus
     prepare_data(cfg)
     sizes = [len(ParallelDataset(tmp_path / "out", f"train.{d}", *d.split("-"))) for d in DIRECTIONS]
     assert sizes[0] == sizes[1] < sizes[2]
-    whole = run_config(cfg, tmp_path / "whole")
-    train_model(whole)
-    cut = run_config(cfg, tmp_path / "cut", max_updates=6)
-    train_model(cut)
-    train_model(dataclasses.replace(cut, train=dataclasses.replace(cut.train, max_updates=12)))
-    a = torch.load(tmp_path / "whole" / "checkpoint_u0000012.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "cut" / "checkpoint_u0000012.pt", weights_only=True)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_bit_exact(cfg, tmp_path)
 
 
 @pytest.mark.slow
