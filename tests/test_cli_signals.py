@@ -12,6 +12,7 @@ here) is the interpreter's, before any of tmt's code runs.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -90,3 +91,23 @@ def test_a_late_ctrl_c_is_one_line_or_nothing(toy_ckpt: Path, tmp_path: Path, co
             assert err.strip().splitlines()[-1] == "interrupted" and not (tmp_path / "out").exists(), err
         else:
             assert "interrupted" not in err and (tmp_path / "out").exists(), err
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_ctrl_c_caught_inside_code_run_as_a_string_keeps_the_status_tmt_chose(tmp_path: Path, forget: bool) -> None:
+    """CPython marks a KeyboardInterrupt raised inside ``PyRun_String`` (as pybind11 runs while torch loads) as
+    never handled and, under ``python -m``, kills the process with SIGINT at exit: a Ctrl-C that tmt caught and
+    told had exited -2, not 130. `__main__.main` ends with `forget_caught_interrupt`; without it (the control
+    case) the mark is still there."""
+    (tmp_path / "probe.py").write_text(
+        "import ctypes, sys\n"
+        "from transformer_mt.__main__ import forget_caught_interrupt\n"
+        "ctypes.pythonapi.PyRun_SimpleString(b'raise KeyboardInterrupt')  # printed, then caught here\n"
+        f"{'forget_caught_interrupt()' if forget else 'pass'}\n"
+        "sys.exit(130)\n",
+        encoding="utf-8",
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run([sys.executable, "-m", "probe"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == (130 if forget else -signal.SIGINT), (done.returncode, done.stderr)

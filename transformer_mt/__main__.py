@@ -27,6 +27,25 @@ def main() -> None:
         sys.exit(SIGNAL_EXITS[signal.SIGTERM])
     finally:
         ignore_signals()
+        forget_caught_interrupt()
+
+
+def forget_caught_interrupt() -> None:
+    """Let the status tmt chose stand, even after a Ctrl-C it caught inside code that C ran as a string.
+
+    CPython marks a KeyboardInterrupt raised in code run by ``PyRun_String``
+    (pybind11 runs such code while torch's extension modules load) as never
+    handled, whoever catches it later, and at exit kills its own process with
+    SIGINT instead of exiting with the status set: a shell saw a process
+    killed by the signal after its "interrupted" line (status -2, not 130).
+    Running an empty string the same way clears the mark.
+    """
+    try:
+        import ctypes
+
+        ctypes.pythonapi.PyRun_SimpleString(b"pass")
+    except (ImportError, AttributeError, OSError):  # not CPython: it has no such mark
+        pass
 
 
 if __name__ == "__main__":
