@@ -1056,6 +1056,16 @@ MaxLinesOpt = Annotated[int, typer.Option("--max-lines", help="Lines one request
 MaxCharsOpt = Annotated[
     int, typer.Option("--max-chars", help="Characters one request may send, all lines together (413 beyond).")
 ]
+CorsOriginOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--cors-origin",
+        help="An origin (https://example.org) whose pages may call the API from a browser (CORS); repeatable; "
+        "'*' for any. Off by default: browsers let only the server's own pages call it.",
+        metavar="ORIGIN",
+        show_default=False,
+    ),
+]
 ServeSetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
@@ -1078,12 +1088,14 @@ def serve(
     set_: ServeSetOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
+    cors_origin: CorsOriginOpt = None,
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
-    POST /translate takes LibreTranslate's requests ({"q": "text" or [...],
-    "source": "en", "target": "de", "alternatives": 0}), so its clients work
-    unchanged; POST /v1/translate is tmt's own ({"sources": [...], "beam",
+    POST /translate and /detect take LibreTranslate's requests ({"q": "text"
+    or [...], "source": "en", "target": "de", "alternatives": 0}) as a JSON,
+    form or multipart body or in the query string, so its clients work
+    unchanged; GET /frontend/settings; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in
     order. One worker owns the model; the lines of concurrent requests join
@@ -1102,7 +1114,7 @@ def serve(
     run_server(
         checkpoint, host=host, port=port, engine=engine.value, device=device,
         overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
-        queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why,
+        queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why, cors_origins=cors_origin or (),
     )  # fmt: skip
 
 

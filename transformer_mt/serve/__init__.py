@@ -58,6 +58,7 @@ def serve(
     max_lines: int = 256,
     max_chars: int = 20_000,
     threads: str = "",
+    cors_origins: Sequence[str] = (),
 ) -> None:
     """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit."""
     require_web_stack()
@@ -81,10 +82,10 @@ def serve(
     )  # a direction per request
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
-    info = ServerInfo(", ".join(map(str, checkpoints)), engine, str(translator.device), d.quantize, threads)
-    app = build_app(batcher, info, limits, start_worker=False)
+    info = ServerInfo(public_name(checkpoints), engine, str(translator.device), d.quantize, threads)
+    app = build_app(batcher, info, limits, start_worker=False, cors_origins=cors_origins)
     print(
-        f"serving {info.model} ({', '.join(w.name for w in directions(translator.cfg.data))}, {engine}, "
+        f"serving {', '.join(map(str, checkpoints))} ({', '.join(w.name for w in directions(translator.cfg.data))}, {engine}, "
         f"{info.device}, threads {threads or 'as torch chose'}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
@@ -94,6 +95,12 @@ def serve(
         http=slow_client_protocol(HEADER_TIMEOUT_S),
     )  # fmt: skip
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
+
+
+def public_name(checkpoints: Sequence[str | Path]) -> str:
+    """The model as `/health` and the demo page name it to every visitor: the checkpoints' file names, not
+    their paths (a path tells strangers how the server's disk is laid out; the operator's log has it)."""
+    return ", ".join(Path(checkpoint).name for checkpoint in checkpoints)
 
 
 def run_in_main_thread(server: Any, sock: socket.socket, batcher: Any) -> None:

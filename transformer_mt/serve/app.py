@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -42,6 +44,7 @@ from transformer_mt.serve.protocol import (
     parse_v1,
     v1_response,
 )
+from transformer_mt.serve.wire import fields
 
 RETRY_AFTER_S = 1  # what a 429 asks a client to wait
 BODY_TIMEOUT_S = 30  # the longest a request body may take to arrive (408 beyond): docs/serving.md, "Limits"
@@ -69,11 +72,16 @@ class ServerInfo:
     started: float = field(default_factory=time.monotonic)
 
 
-def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True) -> Starlette:
+def build_app(
+    batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True, cors_origins: Sequence[str] = ()
+) -> Starlette:
     """The app: routes over ``batcher``; its lifespan starts the worker (unless ``start_worker`` is False: the
-    caller runs it) and, at shutdown, lets it finish."""
+    caller runs it) and, at shutdown, lets it finish. Pages served from ``cors_origins`` (``*``: any) may call
+    it from a browser (CORS); from no other origin, as a browser's same-origin policy has it by default."""
     handlers = _Handlers(batcher, info, limits, start_worker)
-    return Starlette(routes=handlers.routes(), lifespan=handlers.lifespan)
+    cors = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                       allow_headers=["*"], max_age=600)] if cors_origins else []  # fmt: skip
+    return Starlette(routes=handlers.routes(), lifespan=handlers.lifespan, middleware=cors)
 
 
 class _Handlers:
@@ -91,7 +99,7 @@ class _Handlers:
         """The paths the server answers: the demo page, LibreTranslate's, tmt's own, the WebSocket."""
         return [
             Route("/", self.page), Route("/languages", self.languages_route), Route("/health", self.health),
-            Route("/translate", self.translate_libre, methods=["POST"]),
+            Route("/frontend/settings", self.frontend_settings), Route("/translate", self.translate_libre, methods=["POST"]),
             Route("/detect", self.detect, methods=["POST"]),
             Route("/v1/translate", self.translate_v1, methods=["POST"]),
             Route("/v1/attention", self.attention, methods=["POST"]), WebSocketRoute("/ws", self.websocket),
@@ -118,7 +126,17 @@ class _Handlers:
         return await asyncio.wrap_future(future)
 
     async def body(self, request: Request) -> dict[str, Any]:
-        """The JSON body, read no further than the limits allow (413 past them, before reading when the declared
+        """The JSON body of tmt's own API (`read`)."""
+        return parse_json(await self.read(request))
+
+    async def fields(self, request: Request) -> dict[str, Any]:
+        """The fields of a request to LibreTranslate's API, from a JSON, form or multipart body (`read`) and the
+        query string alike, as its clients send them (`wire.fields`); ``api_key`` among them."""
+        body = await self.read(request)
+        return fields(request.headers.get("content-type", ""), body, request.query_params.multi_items())
+
+    async def read(self, request: Request) -> bytes:
+        """The body, read no further than the limits allow (413 past them, before reading when the declared
         Content-Length says so) and within `BODY_TIMEOUT_S` (408: a client that sends it byte by byte forever
         holds a connection no longer)."""
         limit = self.limits.body_bytes()
@@ -126,17 +144,18 @@ class _Handlers:
         if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):  # h11 refused a malformed one
             raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
         try:
-            return parse_json(await asyncio.wait_for(_read(request, limit), BODY_TIMEOUT_S))
+            return await asyncio.wait_for(_read(request, limit), BODY_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
         except ClientDisconnect:  # nobody is left to answer: the status is for the log
             raise RequestError(400, "the client left before sending the whole body") from None
 
-    async def answer(self, parse: Any, request: Request, respond: Any) -> Response:
-        """``respond(parse(body))`` as JSON; a refused request, or a decoding setting the config refuses, is
+    async def answer(self, parse: Any, request: Request, respond: Any, libre: bool = False) -> Response:
+        """``respond(parse(body))`` as JSON (the body's fields, for LibreTranslate's API: ``libre``); a refused request, or a decoding setting the config refuses, is
         its JSON error answer: one place for both translation routes to turn errors into statuses."""
         try:
-            return JSONResponse(await respond(parse(await self.body(request))))
+            raw = await (self.fields(request) if libre else self.body(request))
+            return JSONResponse(await respond(parse(raw)))
         except RequestError as err:
             return refusal(err)
         except UserError as err:  # what only the model can tell (a line it cannot encode): the client's to fix
@@ -145,14 +164,14 @@ class _Handlers:
     async def translate_libre(self, request: Request) -> Response:
         """``POST /translate``, LibreTranslate's API."""
         return await self.answer(
-            lambda raw: parse_libre(raw, self.cfg, self.limits, self.detector), request, self.libre
+            lambda raw: parse_libre(raw, self.cfg, self.limits, self.detector), request, self.libre, libre=True
         )
 
     async def detect(self, request: Request) -> Response:
         """``POST /detect``, LibreTranslate's: the language of ``q`` among the model's sources, as a list of
         candidates (the likeliest); for a list of texts, one such list per text."""
         try:
-            q = (await self.body(request)).get("q")
+            q = (await self.fields(request)).get("q")
             texts = [q] if isinstance(q, str) else q
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise RequestError(400, "'q' must be a string or a list of strings", "q")
@@ -216,6 +235,11 @@ class _Handlers:
     async def languages_route(self, request: Request) -> Response:
         return JSONResponse(languages(self.cfg))
 
+    async def frontend_settings(self, request: Request) -> Response:
+        """``GET /frontend/settings``, LibreTranslate's: what its web UI and clients read before they send text
+        (the character limit, whether a key is needed, the default direction, files)."""
+        return JSONResponse(frontend_settings(self.cfg, self.limits))
+
     async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("transformer_mt.serve").joinpath("demo.html").read_text(encoding="utf-8"))
 
@@ -239,6 +263,22 @@ async def _read(request: Request, limit: int) -> bytes:
             raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its web UI waits after a keystroke to translate
+
+
+def frontend_settings(cfg: Any, limits: Limits) -> dict[str, Any]:
+    """LibreTranslate's ``/frontend/settings`` for this model: no keys, no suggestions, no files; the first
+    direction as the default source and target."""
+    name = {entry["code"]: entry["name"] for entry in languages(cfg)}
+    first = directions(cfg.data)[0]
+    return {
+        "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": False,
+        "keyRequired": False, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        "language": {"source": {"code": first.src, "name": name[first.src]},
+                     "target": {"code": first.tgt, "name": name[first.tgt]}},
+    }  # fmt: skip
 
 
 def attention_request(raw: dict[str, Any]) -> tuple[str, int | None]:
