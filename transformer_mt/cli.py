@@ -963,6 +963,28 @@ MaxLinesOpt = Annotated[int, typer.Option("--max-lines", help="Lines one request
 MaxCharsOpt = Annotated[
     int, typer.Option("--max-chars", help="Characters one request may send, all lines together (413 beyond).")
 ]
+ApiKeysOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-keys",
+        help="File of API keys, one per line, each with its own requests per minute if given ('KEY 60'; "
+        "# comments). Requests but /, /health, /languages, /frontend/settings and /metrics then need an "
+        "api_key field (JSON, form or query): 403 without a valid one.",
+    ),
+]
+ReqLimitOpt = Annotated[
+    int,
+    typer.Option(
+        "--req-limit",
+        help="Requests per minute per client address (0: no limit), for requests without a key of their own "
+        "limit; beyond, 429 with Retry-After.",
+    ),
+]
+LogFormatOpt = Annotated[
+    str,
+    typer.Option("--log-format", help="The access log on stderr, a line per request: text or json (one object "
+                 "per line, for log shippers).", metavar="text|json"),
+]  # fmt: skip
 ServeSetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
@@ -985,6 +1007,9 @@ def serve(
     set_: ServeSetOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
+    api_keys: ApiKeysOpt = None,
+    req_limit: ReqLimitOpt = 0,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
@@ -993,7 +1018,7 @@ def serve(
     unchanged; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in
-    order. One worker owns the model; the lines of concurrent requests join
+    order; GET /metrics for Prometheus. One worker owns the model; the lines of concurrent requests join
     one running beam search at its next step (continuous batching), and
     each line's translation equals `tmt translate`'s. SIGTERM or
     Ctrl-C answers what is in flight, then exits 0; a second stops at once
@@ -1009,7 +1034,8 @@ def serve(
     run_server(
         checkpoint, host=host, port=port, engine=engine.value, device=device,
         overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
-        queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why,
+        queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why, api_keys=api_keys,
+        req_limit=req_limit, log_format=log_format,
     )  # fmt: skip
 
 

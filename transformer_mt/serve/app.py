@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -29,6 +30,8 @@ from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.detect import LanguageDetector
+from transformer_mt.serve.keys import Gate, Policy
+from transformer_mt.serve.observe import Metrics, Observe
 from transformer_mt.serve.protocol import (
     Job,
     Limits,
@@ -69,11 +72,22 @@ class ServerInfo:
     started: float = field(default_factory=time.monotonic)
 
 
-def build_app(batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True) -> Starlette:
+def build_app(
+    batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True, policy: Policy | None = None,
+    log: Any = None, log_format: str = "text",
+) -> Starlette:  # fmt: skip
     """The app: routes over ``batcher``; its lifespan starts the worker (unless ``start_worker`` is False: the
-    caller runs it) and, at shutdown, lets it finish."""
+    caller runs it) and, at shutdown, lets it finish. In front of the routes, outermost first: `Observe` (every
+    request counted for ``/metrics`` and, when ``log`` is given, written as one line to it) and, when ``policy``
+    asks for keys or limits, its `Gate`."""
     handlers = _Handlers(batcher, info, limits, start_worker)
-    return Starlette(routes=handlers.routes(), lifespan=handlers.lifespan)
+    metrics = Metrics(batcher)
+    routes = [*handlers.routes(), Route("/metrics", metrics.route)]
+    paths = [route.path for route in routes]
+    middleware = [Middleware(Observe, metrics=metrics, endpoints=paths, log=log, log_format=log_format)]
+    if policy:  # None or a policy of no keys and no limit: nothing to check
+        middleware.append(Middleware(Gate, policy=policy, body_limit=limits.body_bytes()))
+    return Starlette(routes=routes, middleware=middleware, lifespan=handlers.lifespan)
 
 
 class _Handlers:
@@ -136,7 +150,9 @@ class _Handlers:
         """``respond(parse(body))`` as JSON; a refused request, or a decoding setting the config refuses, is
         its JSON error answer: one place for both translation routes to turn errors into statuses."""
         try:
-            return JSONResponse(await respond(parse(await self.body(request))))
+            parsed = parse(await self.body(request))
+            request.state.lines = len(parsed.job.lines)  # for the access log
+            return JSONResponse(await respond(parsed))
         except RequestError as err:
             return refusal(err)
         except UserError as err:  # what only the model can tell (a line it cannot encode): the client's to fix
