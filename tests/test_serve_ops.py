@@ -150,6 +150,15 @@ def test_a_wrong_or_missing_key_is_403_and_open_paths_stay_open(served: tuple[st
 
 
 @pytest.mark.slow
+def test_a_body_past_the_limit_is_413_with_or_without_a_key(served: tuple[str, Path]) -> None:
+    server, _ = served
+    for key in (BIG, None):
+        status, body, headers = _translate(server, key, "word " * 100_000)  # 500 kB, past the default 225 kB
+        assert status == 413 and set(body) == {"error", "field"} and headers["Connection"] == "close"
+    assert _translate(server, BIG)[0] == 200
+
+
+@pytest.mark.slow
 def test_a_key_of_its_own_limit_then_429_with_retry_after(served: tuple[str, Path]) -> None:
     server, _ = served
     assert [_translate(server, SMALL)[0] for _ in range(2)] == [200, 200]

@@ -32,6 +32,7 @@ from transformer_mt.errors import UserError
 from transformer_mt.serve.protocol import RequestError
 
 WINDOW_S = 60.0  # limits are requests per minute
+BODY_TIMEOUT_S = 30  # as the routes' own limit (`app.BODY_TIMEOUT_S`)
 OPEN_PATHS = frozenset({"/", "/health", "/languages", "/frontend/settings", "/metrics"})  # no key, no limit
 
 
@@ -190,8 +191,8 @@ class Gate:
         if not guarded or scope.get("method") == "OPTIONS":  # a CORS preflight carries no key
             await self.app(scope, receive, send)
             return
-        body, receive = await self._body(scope, receive)
         try:
+            body, receive = await self._body(scope, receive)
             self.check(scope, body)
         except RequestError as err:
             await _refuse(scope, send, err)
@@ -213,27 +214,40 @@ class Gate:
             raise OverLimit(limit, wait)
 
     async def _body(self, scope: dict, receive: Any) -> tuple[bytes, Any]:
-        """The body (when keys are asked, up to the body limit: past it the route refuses it, 413) and a
-        ``receive`` that hands it to the route as if unread."""
+        """The body, when keys are asked (the key may be in it), and a ``receive`` that hands it to the route as
+        if unread. As the routes read theirs: 413 past the body limit (before reading when the declared length
+        says so), 408 when it takes more than `BODY_TIMEOUT_S` to arrive."""
         if self.policy.keys is None or scope["type"] != "http":
             return b"", receive
-        chunks, size, more, messages = [], 0, True, []
-        while more and size <= self.body_limit:
-            try:
-                message = await asyncio.wait_for(receive(), 30)
-            except asyncio.TimeoutError:
-                break  # a body that trickles: no key read from it; the route's own timeout answers 408
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
+        too_large = RequestError(413, f"the request body is over {self.body_limit} bytes; send less per request")
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > self.body_limit):
+            raise too_large
+        messages: list[dict] = []
+        try:
+            await asyncio.wait_for(_gather(receive, messages, self.body_limit), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        if len(body) > self.body_limit:
+            raise too_large
 
         async def replay() -> dict:
             return messages.pop(0) if messages else await receive()
 
-        return b"".join(chunks), replay
+        return body, replay
+
+
+async def _gather(receive: Any, messages: list[dict], limit: int) -> None:
+    """The messages of a body into ``messages``, until its end, a disconnect, or more than ``limit`` bytes."""
+    size = 0
+    while True:
+        messages.append(await receive())
+        if messages[-1]["type"] != "http.request":
+            return
+        size += len(messages[-1].get("body", b""))
+        if not messages[-1].get("more_body", False) or size > limit:
+            return
 
 
 async def _refuse(scope: dict, send: Any, err: RequestError) -> None:
@@ -242,6 +256,8 @@ async def _refuse(scope: dict, send: Any, err: RequestError) -> None:
         await send({"type": "websocket.close", "code": 1008, "reason": err.message[:120]})
         return
     headers = [(b"content-type", b"application/json")]
+    if err.status in (408, 413):  # what the client still sends is no next request
+        headers.append((b"connection", b"close"))
     if isinstance(err, OverLimit):
         headers.append((b"retry-after", str(err.retry_after).encode()))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
