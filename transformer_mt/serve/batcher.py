@@ -346,6 +346,7 @@ class Batcher:
         assert self.search is not None
         self.stats.errors += 1
         failed = dict.fromkeys([*(key[0] for key in self.search.clear()), *joining])  # once each, in order
+        self.stats.active = 0
         for joined in failed:
             if not joined.pending.future.done():
                 joined.pending.future.set_exception(err)
