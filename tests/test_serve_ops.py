@@ -295,3 +295,31 @@ def test_a_key_is_found_only_whole() -> None:
     assert policy.find("k2") == "k2" and policy.find("k") is None and policy.find("k22") is None
     assert policy.find(None) is None and policy.find("") is None
     assert not Policy() and Policy(req_limit=1) and Policy({"k": None})
+
+
+def test_a_keyless_server_limits_each_address_and_logs_text(toy_ckpt: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from transformer_mt.decode.translate import Translator
+    from transformer_mt.serve.app import ServerInfo, build_app
+    from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.protocol import Limits
+
+    translator = Translator.from_checkpoints([toy_ckpt], device="cpu")
+    batcher = Batcher(translator, max_batch_tokens=1000, max_wait_ms=5, queue_size=4)
+    logged: list[str] = []
+    app = build_app(
+        batcher, ServerInfo("toy.pt", "pytorch", "cpu", "none"), Limits(), policy=Policy(req_limit=2),
+        log=logged.append,
+    )  # fmt: skip
+    with TestClient(app) as client:
+        answers = [client.post("/translate", json={"q": [LINE, LINE], "target": "de"}) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        assert 1 <= int(answers[2].headers["Retry-After"]) <= WINDOW_S and "error" in answers[2].json()
+        assert client.get("/health").status_code == 200  # open, and not counted
+    fields = [line.split() for line in logged]  # time, client, method, path, status, ms, "ms", lines
+    assert [f[1:5] + f[7:] for f in fields] == [
+        ["testclient", "POST", "/translate", "200", "lines=2"], ["testclient", "POST", "/translate", "200", "lines=2"],
+        ["testclient", "POST", "/translate", "429", "lines=-"], ["testclient", "GET", "/health", "200", "lines=-"],
+    ]  # fmt: skip
+    assert all(float(f[5]) >= 0 and f[6] == "ms" for f in fields)
