@@ -26,6 +26,18 @@ the sentences its continuous search held per step (from ``GET /health``).
 With ``--replicas N`` every client count is spread over N servers on their own ports, as a round-robin balancer
 would (their counters summed, their peaks added).
 
+What a server option costs: ``--serve-args`` passes more `tmt serve` arguments, ``--keys`` starts it with an
+``--api-keys`` file of one key per client (a limit far above what the run sends, so that every request passes
+the key check and the limiter) and makes each client send its own ``api_key``, and ``--baseline-src DIR``
+measures, in the same run, a server of the code in DIR (another checkout: ``git worktree add ../before main``)
+without either, in turn with this one (before, after, before, after... for ``--rounds``), so that both see the
+same machine:
+
+    python benchmarks/serve_load.py -c CK --text FILE --clients 32 --keys --serve-args "--log-format json" \
+        --baseline-src ../before --rounds 2
+
+A server's stderr (its access log included) goes to a file, as it would to a journal.
+
 Bounded: each request times out after 60 s and the whole run after
 ``--deadline`` seconds; the server is stopped (SIGTERM) at the end.
 """
@@ -35,13 +47,17 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import shlex
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,25 +85,55 @@ def health(port: int, timeout: float = 60) -> dict:
         conn.close()
 
 
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
+@dataclass
+class Variant:
+    """One kind of server measured: its name, the code it runs (None: this checkout), its extra `tmt serve`
+    arguments, the keys its clients send (None: none), and its running processes and their ports."""
+
+    name: str
+    src: Path | None = None
+    extra: list[str] = field(default_factory=list)
+    keys: list[str] | None = None
+    servers: list[subprocess.Popen] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+
+def variants(args: argparse.Namespace, folder: Path) -> list[Variant]:
+    """This checkout's server with ``--serve-args`` and ``--keys``; first, with ``--baseline-src``, the other."""
+    extra = shlex.split(args.serve_args)
+    keys = None
+    if args.keys:
+        keys = [f"bench-{i:04d}-{os.urandom(8).hex()}" for i in range(max(args.clients))]
+        (folder / "keys.txt").write_text("".join(f"{key} 1000000\n" for key in keys))
+        extra += ["--api-keys", str(folder / "keys.txt")]
+    after = Variant("after" if args.baseline_src else "server", None, extra, keys)
+    return [Variant("before", args.baseline_src), after] if args.baseline_src else [after]
+
+
+def start_server(args: argparse.Namespace, port: int, variant: Variant, log: Path) -> subprocess.Popen:
+    """A server of ``variant`` on ``port``, its stderr to ``log``, once it answers ``GET /health``."""
     cmd = [sys.executable, "-m", "transformer_mt", "serve", "-c", str(args.checkpoint), "--port", str(port),
-           "--max-wait-ms", str(args.max_wait_ms), "--queue", "1024"]  # fmt: skip
+           "--max-wait-ms", str(args.max_wait_ms), "--queue", "1024", *variant.extra]  # fmt: skip
     if args.quantize:
         cmd += ["--quantize", args.quantize]
     if args.max_batch_tokens:
         cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if variant.src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(variant.src.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stderr=out, env=env)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             health(port, timeout=2)
             return proc
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit(f"tmt serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+    raise SystemExit(f"tmt serve ({variant.name}) did not start: {log.read_text()}")
 
 
 def offline(args: argparse.Namespace, lines: list[str]) -> tuple[dict[str, str], float, float]:
@@ -113,17 +159,21 @@ def totals(ports: list[int]) -> dict[str, int]:
     return {key: sum(a[key] for a in answers) for key in ("batches", "steps", "lines", "sentence_steps")}
 
 
-def run_clients(ports: list[int], lines: list[str], clients: int, expected: dict[str, str], deadline: float) -> dict:
+def run_clients(
+    ports: list[int], lines: list[str], clients: int, expected: dict[str, str], deadline: float,
+    keys: list[str] | None = None,
+) -> dict:  # fmt: skip
     """``clients`` threads share ``lines``, one request per line, client i sending to ``ports[i % len(ports)]``
-    (replicas behind a round-robin balancer); latencies, wrong and lost answers, and the mean lines per round of
-    the servers' workers (from `GET /health` before and after)."""
+    (replicas behind a round-robin balancer), with ``keys[i]`` as its ``api_key`` when keys are given;
+    latencies, wrong and lost answers, and the mean lines per round of the servers' workers (from `GET /health`
+    before and after)."""
     before = totals(ports)
     latencies: list[float] = []
     wrong = lost = 0
     lock = threading.Lock()
     todo = iter(range(len(lines)))
 
-    def client(port: int) -> None:
+    def client(port: int, key: str | None) -> None:
         nonlocal wrong, lost
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while time.monotonic() < deadline:
@@ -131,7 +181,7 @@ def run_clients(ports: list[int], lines: list[str], clients: int, expected: dict
                 i = next(todo, None)
             if i is None:
                 return
-            body = json.dumps({"q": lines[i], "source": "auto"})
+            body = json.dumps({"q": lines[i], "source": "auto", **({"api_key": key} if key else {})})
             start = time.perf_counter()
             try:
                 conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
@@ -148,7 +198,9 @@ def run_clients(ports: list[int], lines: list[str], clients: int, expected: dict
                 if response.status != 200 or answer.get("translatedText") != expected[lines[i]]:
                     wrong += 1
 
-    threads = [threading.Thread(target=client, args=(ports[i % len(ports)],)) for i in range(clients)]
+    threads = [
+        threading.Thread(target=client, args=(ports[i % len(ports)], keys[i] if keys else None)) for i in range(clients)
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -193,34 +245,64 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--replicas", type=int, default=1, help="servers, each on its own port; clients spread")
     parser.add_argument("--threads", type=int, default=0, help="tmt serve --threads of each (0: its own choice)")
+    parser.add_argument("--serve-args", default="", help="more tmt serve arguments, one string (shell words)")
+    parser.add_argument("--keys", action="store_true", help="--api-keys with one key per client, each sent")
+    parser.add_argument("--baseline-src", type=Path, default=None, help="also measure the server of this checkout")
+    parser.add_argument("--rounds", type=int, default=1, help="times each server is measured, in turn")
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline
     lines = [line for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]
     expected, offline_rate, alone_s = offline(args, lines)
     torch.set_num_threads(1)  # the clients' process: leave the cores to the server
-    ports = [free_port() for _ in range(args.replicas)]
-    servers = [start_server(args, port) for port in ports]
-    try:
-        rows = [run_clients(ports, lines, n, expected, deadline) for n in args.clients]
-        rss = sum(peak_rss_mib(server.pid) for server in servers)
-    finally:
-        for server in servers:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
+    with tempfile.TemporaryDirectory() as folder:
+        kinds = variants(args, Path(folder))
+        rows, rss = measure(args, kinds, lines, expected, deadline, Path(folder))
+    exits = {kind.name: [s.returncode for s in kind.servers] for kind in kinds}
     print(f"offline: {offline_rate:.1f} sentences/s over {len(lines)} lines; one line alone: p50 "
-          f"{1000 * alone_s:.1f} ms; {args.replicas} server(s), exit {[s.returncode for s in servers]}, "
-          f"peak RSS {rss:.0f} MiB in all")  # fmt: skip
+          f"{1000 * alone_s:.1f} ms; {args.replicas} server(s) each, exit {exits}, peak RSS "
+          f"{', '.join(f'{name} {mib:.0f}' for name, mib in rss.items())} MiB in all")  # fmt: skip
     print(
-        "| clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step | answered | wrong | lost |"
+        "| server | clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step | answered "
+        "| wrong | lost |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['clients']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / offline_rate:.2f}x | "
+        print(f"| {r['server']} | {r['clients']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / offline_rate:.2f}x | "
               f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['sentences_per_step']:.1f} | {r['answered']} | "
               f"{r['wrong']} | {r['lost']} |")  # fmt: skip
+    if args.baseline_src:
+        for n in args.clients:
+            mean = {kind: statistics.mean(r["sentences_per_s"] for r in rows if (r["server"], r["clients"]) == (kind, n))
+                    for kind in ("before", "after")}  # fmt: skip
+            print(f"{n} clients: after / before = {mean['after'] / mean['before']:.3f} "
+                  f"(mean of {args.rounds} rounds: {mean['after']:.1f} / {mean['before']:.1f} sentences/s)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"offline_sentences_per_s": offline_rate, "alone_p50_s": alone_s,
                                          "server_peak_rss_mib": rss, "rows": rows}, indent=1))  # fmt: skip
+
+
+def measure(
+    args: argparse.Namespace, kinds: list[Variant], lines: list[str], expected: dict[str, str], deadline: float,
+    folder: Path,
+) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+    """Every server of ``kinds`` started (the idle ones wait without using the cores), then each client count
+    measured on each kind in turn, ``--rounds`` times; the rows, and each kind's peak memory; all stopped."""
+    try:
+        for kind in kinds:
+            kind.ports = [free_port() for _ in range(args.replicas)]
+            kind.servers = [start_server(args, port, kind, folder / f"{kind.name}-{port}.log") for port in kind.ports]
+        rows = [
+            {"server": kind.name, **run_clients(kind.ports, lines, n, expected, deadline, kind.keys)}
+            for _ in range(args.rounds)
+            for n in args.clients
+            for kind in kinds
+        ]
+        return rows, {kind.name: sum(peak_rss_mib(s.pid) for s in kind.servers) for kind in kinds}
+    finally:
+        for server in (s for kind in kinds for s in kind.servers):
+            server.send_signal(signal.SIGTERM)
+        for server in (s for kind in kinds for s in kind.servers):
+            server.wait(60)
 
 
 if __name__ == "__main__":

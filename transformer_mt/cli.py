@@ -1066,6 +1066,28 @@ CorsOriginOpt = Annotated[
         show_default=False,
     ),
 ]
+ApiKeysOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-keys",
+        help="File of API keys, one per line, each with its own requests per minute if given ('KEY 60'; "
+        "# comments). Requests but /, /health, /languages, /frontend/settings and /metrics then need an "
+        "api_key field (JSON, form or query): 403 without a valid one.",
+    ),
+]
+ReqLimitOpt = Annotated[
+    int,
+    typer.Option(
+        "--req-limit",
+        help="Requests per minute per client address (0: no limit), for requests without a key of their own "
+        "limit; beyond, 429 with Retry-After.",
+    ),
+]
+LogFormatOpt = Annotated[
+    str,
+    typer.Option("--log-format", help="The access log on stderr, a line per request: text or json (one object "
+                 "per line, for log shippers).", metavar="text|json"),
+]  # fmt: skip
 ServeSetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
@@ -1089,6 +1111,9 @@ def serve(
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
     cors_origin: CorsOriginOpt = None,
+    api_keys: ApiKeysOpt = None,
+    req_limit: ReqLimitOpt = 0,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
@@ -1098,7 +1123,7 @@ def serve(
     unchanged; GET /frontend/settings; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in
-    order. One worker owns the model; the lines of concurrent requests join
+    order; GET /metrics for Prometheus. One worker owns the model; the lines of concurrent requests join
     one running beam search at its next step (continuous batching), and
     each line's translation equals `tmt translate`'s. SIGTERM or
     Ctrl-C answers what is in flight, then exits 0; a second stops at once
@@ -1115,6 +1140,7 @@ def serve(
         checkpoint, host=host, port=port, engine=engine.value, device=device,
         overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
         queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why, cors_origins=cors_origin or (),
+        api_keys=api_keys, req_limit=req_limit, log_format=log_format,
     )  # fmt: skip
 
 

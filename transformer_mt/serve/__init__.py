@@ -59,8 +59,13 @@ def serve(
     max_chars: int = 20_000,
     threads: str = "",
     cors_origins: Sequence[str] = (),
+    api_keys: Path | None = None,
+    req_limit: int = 0,
+    log_format: str = "text",
 ) -> None:
-    """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit."""
+    """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit.
+    ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per client address (0:
+    none); ``log_format``: the access log's, on stderr."""
     require_web_stack()
     import uvicorn
 
@@ -68,13 +73,12 @@ def serve(
     from transformer_mt.decode.translate import load_translator
     from transformer_mt.serve.app import ServerInfo, build_app
     from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.keys import Policy, read_keys
     from transformer_mt.serve.protocol import Limits
 
-    if not max_wait_ms >= 0:
-        raise ServeError(f"--max-wait-ms must be 0 or more, got {max_wait_ms}")
-    for name, value in (("--queue", queue_size), ("--max-lines", max_lines), ("--max-chars", max_chars)):
-        if value < 1:
-            raise ServeError(f"{name} must be at least 1, got {value}")
+    check_options(max_wait_ms, {"--queue": queue_size, "--max-lines": max_lines, "--max-chars": max_chars},
+                  req_limit, log_format)  # fmt: skip
+    policy = Policy(read_keys(api_keys) if api_keys is not None else None, req_limit)  # a bad file: before loading
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
     translator = load_translator(
@@ -83,7 +87,9 @@ def serve(
     d = translator.cfg.decode
     batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(public_name(checkpoints), engine, str(translator.device), d.quantize, threads)
-    app = build_app(batcher, info, limits, start_worker=False, cors_origins=cors_origins)
+    app = build_app(
+        batcher, info, limits, False, policy, log=_stderr_line, log_format=log_format, cors_origins=cors_origins
+    )
     print(
         f"serving {', '.join(map(str, checkpoints))} ({', '.join(w.name for w in directions(translator.cfg.data))}, {engine}, "
         f"{info.device}, threads {threads or 'as torch chose'}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
@@ -97,10 +103,29 @@ def serve(
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
 
 
+def check_options(max_wait_ms: float, at_least_one: dict[str, int], req_limit: int, log_format: str) -> None:
+    """A ServeError naming the first option out of its range, before anything is loaded."""
+    from transformer_mt.serve.observe import LOG_FORMATS
+
+    if not max_wait_ms >= 0:
+        raise ServeError(f"--max-wait-ms must be 0 or more, got {max_wait_ms}")
+    for name, value in at_least_one.items():
+        if value < 1:
+            raise ServeError(f"{name} must be at least 1, got {value}")
+    if req_limit < 0:
+        raise ServeError(f"--req-limit must be 0 (none) or more, got {req_limit}")
+    if log_format not in LOG_FORMATS:
+        raise ServeError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+
+
 def public_name(checkpoints: Sequence[str | Path]) -> str:
     """The model as `/health` and the demo page name it to every visitor: the checkpoints' file names, not
     their paths (a path tells strangers how the server's disk is laid out; the operator's log has it)."""
     return ", ".join(Path(checkpoint).name for checkpoint in checkpoints)
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_in_main_thread(server: Any, sock: socket.socket, batcher: Any) -> None:

@@ -31,6 +31,8 @@ from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.detect import LanguageDetector
+from transformer_mt.serve.keys import Gate, Policy
+from transformer_mt.serve.observe import Metrics, Observe
 from transformer_mt.serve.protocol import (
     Job,
     Limits,
@@ -73,15 +75,24 @@ class ServerInfo:
 
 
 def build_app(
-    batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True, cors_origins: Sequence[str] = ()
-) -> Starlette:
+    batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool = True, policy: Policy | None = None,
+    log: Any = None, log_format: str = "text", cors_origins: Sequence[str] = (),
+) -> Starlette:  # fmt: skip
     """The app: routes over ``batcher``; its lifespan starts the worker (unless ``start_worker`` is False: the
-    caller runs it) and, at shutdown, lets it finish. Pages served from ``cors_origins`` (``*``: any) may call
-    it from a browser (CORS); from no other origin, as a browser's same-origin policy has it by default."""
-    handlers = _Handlers(batcher, info, limits, start_worker)
+    caller runs it) and, at shutdown, lets it finish. In front of the routes, outermost first: CORS for pages
+    served from ``cors_origins`` (``*``: any; from no other origin, as a browser's same-origin policy has it by
+    default), `Observe` (every request counted for ``/metrics`` and, when ``log`` is given, written as one line
+    to it) and, when ``policy`` asks for keys or limits, its `Gate`."""
+    handlers = _Handlers(batcher, info, limits, start_worker, keyed=policy is not None and policy.keys is not None)
+    metrics = Metrics(batcher)
+    routes = [*handlers.routes(), Route("/metrics", metrics.route)]
+    paths = [route.path for route in routes]
     cors = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                        allow_headers=["*"], max_age=600)] if cors_origins else []  # fmt: skip
-    return Starlette(routes=handlers.routes(), lifespan=handlers.lifespan, middleware=cors)
+    middleware = [*cors, Middleware(Observe, metrics=metrics, endpoints=paths, log=log, log_format=log_format)]
+    if policy:  # None or a policy of no keys and no limit: nothing to check
+        middleware.append(Middleware(Gate, policy=policy, body_limit=limits.body_bytes()))
+    return Starlette(routes=routes, middleware=middleware, lifespan=handlers.lifespan)
 
 
 class _Handlers:
@@ -90,8 +101,11 @@ class _Handlers:
     named; the state is only what the app was built with (no state between requests beyond the batcher's
     counters)."""
 
-    def __init__(self, batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool) -> None:
+    def __init__(
+        self, batcher: Batcher, info: ServerInfo, limits: Limits, start_worker: bool, keyed: bool = False
+    ) -> None:
         self.batcher, self.info, self.limits, self.start_worker = batcher, info, limits, start_worker
+        self.keyed = keyed  # requests need an api_key (--api-keys): /frontend/settings says so
         self.cfg = batcher.translator.cfg
         self.detector = LanguageDetector(sources(self.cfg.data))  # source "auto", /detect
 
@@ -154,8 +168,9 @@ class _Handlers:
         """``respond(parse(body))`` as JSON (the body's fields, for LibreTranslate's API: ``libre``); a refused request, or a decoding setting the config refuses, is
         its JSON error answer: one place for both translation routes to turn errors into statuses."""
         try:
-            raw = await (self.fields(request) if libre else self.body(request))
-            return JSONResponse(await respond(parse(raw)))
+            parsed = parse(await (self.fields(request) if libre else self.body(request)))
+            request.state.lines = len(parsed.job.lines)  # for the access log
+            return JSONResponse(await respond(parsed))
         except RequestError as err:
             return refusal(err)
         except UserError as err:  # what only the model can tell (a line it cannot encode): the client's to fix
@@ -238,7 +253,7 @@ class _Handlers:
     async def frontend_settings(self, request: Request) -> Response:
         """``GET /frontend/settings``, LibreTranslate's: what its web UI and clients read before they send text
         (the character limit, whether a key is needed, the default direction, files)."""
-        return JSONResponse(frontend_settings(self.cfg, self.limits))
+        return JSONResponse(frontend_settings(self.cfg, self.limits, self.keyed))
 
     async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("transformer_mt.serve").joinpath("demo.html").read_text(encoding="utf-8"))
@@ -268,14 +283,14 @@ async def _read(request: Request, limit: int) -> bytes:
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its web UI waits after a keystroke to translate
 
 
-def frontend_settings(cfg: Any, limits: Limits) -> dict[str, Any]:
-    """LibreTranslate's ``/frontend/settings`` for this model: no keys, no suggestions, no files; the first
-    direction as the default source and target."""
+def frontend_settings(cfg: Any, limits: Limits, keyed: bool = False) -> dict[str, Any]:
+    """LibreTranslate's ``/frontend/settings`` for this model: whether a key is needed (``keyed``), no
+    suggestions, no files; the first direction as the default source and target."""
     name = {entry["code"]: entry["name"] for entry in languages(cfg)}
     first = directions(cfg.data)[0]
     return {
-        "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": False,
-        "keyRequired": False, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keyed,
+        "keyRequired": keyed, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
         "language": {"source": {"code": first.src, "name": name[first.src]},
                      "target": {"code": first.tgt, "name": name[first.tgt]}},
     }  # fmt: skip

@@ -157,6 +157,8 @@ class Stats:
     errors: int = 0
     steps: int = 0  # steps of the continuous search
     sentence_steps: int = 0  # sentences in the continuous search, summed over its steps
+    tokens: int = 0  # source tokens of the lines answered (with EOS)
+    active: int = 0  # sentences in the continuous search at its last step (its batch size now)
 
 
 class Batcher:
@@ -330,6 +332,7 @@ class Batcher:
             return
         self.stats.steps += 1
         self.stats.sentence_steps += active
+        self.stats.active = self.search.active
         for (joined, line), hyps in done:
             joined.results[line] = self.translator.translations(hyps, joined.pending.job.nbest)
             joined.left -= 1
@@ -343,6 +346,7 @@ class Batcher:
         assert self.search is not None
         self.stats.errors += 1
         failed = dict.fromkeys([*(key[0] for key in self.search.clear()), *joining])  # once each, in order
+        self.stats.active = 0
         for joined in failed:
             if not joined.pending.future.done():
                 joined.pending.future.set_exception(err)
@@ -350,6 +354,7 @@ class Batcher:
     def _answer(self, joined: _Joined) -> None:
         self.stats.requests += 1  # counted first: a client that has its answer finds it in /health
         self.stats.lines += len(joined.results)
+        self.stats.tokens += joined.pending.tokens
         joined.pending.future.set_result(joined.results)
 
     # -- rounds
@@ -401,6 +406,7 @@ class Batcher:
                 n = len(pending.job.sources)
                 self.stats.requests += 1
                 self.stats.lines += n
+                self.stats.tokens += pending.tokens
                 pending.future.set_result(results[start : start + n])
                 start += n
 

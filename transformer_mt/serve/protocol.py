@@ -320,7 +320,7 @@ def parse_v1(
 
 V1_FIELDS = (
     "sources", "beam", "nbest", "len_penalty", "sample", "temperature", "seed", "prefixes", "alignment", "constraints",
-    "source", "target",
+    "source", "target", "api_key",  # api_key: checked before the route (`keys.Gate`)
 )  # fmt: skip
 ALIGNMENTS = ("hard", "soft")  # decode.alignment's values besides "none"
 
