@@ -989,7 +989,8 @@ def serve(
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
     POST /translate takes LibreTranslate's requests ({"q": "text" or [...],
-    "source": "en", "target": "de", "alternatives": 0}), so its clients work
+    "source": "en", "target": "de", "alternatives": 0, "format": "text" or
+    "html"}) and POST /translate_file (.txt, .html), so its clients work
     unchanged; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in
