@@ -113,7 +113,7 @@ def force_html(translator: Translator, docs: list[str], refs: list[str], layer: 
             src_words = word_index([bpe.id_to_piece(x) for x in s[skip : skip + w.shape[1]]])
             found.append(format_alignment(word_matrix(w[1:], src_words, word_index(map(bpe.id_to_piece, t))), "hard"))
     else:
-        found = alignments(model, bpe, sources, targets, layer, "hard", skip)
+        found = alignments(model, bpe, sources, targets, layer, request.job.decode["alignment"], skip)
     results = [[Translation(ref, 0.0, 0.0, links)] for ref, links in zip(refs, found, strict=True)]
     return libre_response(request, results)["translatedText"]
 

@@ -84,6 +84,17 @@ def test_a_word_cut_by_a_tag_is_one_word() -> None:
     assert identity(doc) == "<p>A <b>BIGGER</b> DOG</p>"
 
 
+def test_soft_alignments_place_tags_by_the_links_both_directions_agree_on() -> None:
+    doc = "<p>around the <b>barrel.</b></p>"
+    # "um das Fass herum.": "herum." likeliest from "barrel.", but "barrel." likeliest to "Fass"
+    soft = "0.80,0.10,0.10 0.10,0.80,0.10 0.10,0.10,0.80 0.20,0.10,0.70"
+    assert join(doc, [("um das Fass herum.", soft)]) == "<p>um das <b>Fass</b> herum.</p>"
+    hard = "0-0 1-1 2-2 2-3"
+    assert join(doc, [("um das Fass herum.", hard)]) == "<p>um das <b>Fass herum.</b></p>"
+    # no link at all for the tag's word: the target words of the nearest source word ("a": both)
+    assert join("<p>a <b>b</b></p>", [("x y", "0.6,0.4 0.7,0.3")]) == "<p><b>x y</b></p>"
+
+
 def test_a_tag_whose_words_got_no_alignment_wraps_the_nearest_aligned_words() -> None:
     doc = "<p>one two three <b>four</b> five</p>"
     assert join(doc, [("EINS ZWEI DREI FUENF", "0-0 1-1 2-2")]) == "<p>EINS ZWEI <b>DREI</b> FUENF</p>"

@@ -15,9 +15,10 @@ dog.". Left untranslated, as they are: `KEEP` elements (``<script>``,
 ``translate="no"``. Attributes are kept; entities come back as the
 characters they stand for (``&`` and ``<`` escaped again).
 
-Inline tags are placed with the translation's hard word alignment (Pharaoh
-``i-j`` pairs, source word i, target word j): a tag wraps the target words
-from the first to the last aligned to any source word it wrapped. A tag
+Inline tags are placed with the translation's word alignment (soft: per
+target word, the source words' probabilities; or hard, Pharaoh ``i-j``
+pairs): a tag wraps the target words from the first to the last surely
+linked to any source word it wrapped (`_pairs`), else linked at all. A tag
 whose words got no target word wraps the target words of the nearest source
 word that has some; an empty tag (``<b></b>``, ``<img>``) goes after the target
 word aligned to the source word before it. Tags keep their nesting: a child
@@ -70,7 +71,8 @@ def split(document: str) -> list[Segment]:
 
 def join(document: str, translations: Sequence[tuple[str, str]]) -> str:
     """``document`` with each segment (as `split` finds them) replaced by its translation, a ``(text,
-    alignment)`` pair: the translated words, with the segment's inline tags placed by the hard alignment."""
+    alignment)`` pair: the translated words, with the segment's inline tags placed by the alignment line (soft
+    or hard, as `tmt translate --alignment` writes them)."""
     soup = _parse(document)
     found = list(_segments(soup))
     if len(found) != len(translations):
@@ -157,27 +159,36 @@ def _segment(run: list[PageElement]) -> Segment:
     return segment
 
 
-def _pairs(alignment: str) -> list[tuple[int, int]]:
-    pairs = []
-    for pair in alignment.split():
-        i, _, j = pair.partition("-")
-        if i.isdigit() and j.isdigit():
-            pairs.append((int(i), int(j)))
-    return pairs
+def _pairs(alignment: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The links of an alignment line, as (sure, all) ``(source word, target word)`` pairs. A hard line (``i-j``)
+    gives its pairs as both. A soft one (per target word, the source words' probabilities) gives as ``all`` each
+    target word's likeliest source word, and as ``sure`` those links that are also the source word's likeliest
+    target word: a target word with no source word of its own (German's "herum" in "um das Fass herum") lands
+    on some source word in ``all``, but is rarely that word's best."""
+    if "-" in alignment or not alignment.strip():
+        pairs = [
+            (int(i), int(j)) for i, _, j in (p.partition("-") for p in alignment.split()) if i.isdigit() and j.isdigit()
+        ]
+        return pairs, pairs
+    rows = [[float(x) for x in row.split(",")] for row in alignment.split()]
+    every = [(max(range(len(row)), key=row.__getitem__), j) for j, row in enumerate(rows)]
+    best = {i: max(range(len(rows)), key=lambda j: rows[j][i]) for i in range(len(rows[0]))}
+    return [(i, j) for i, j in every if best[i] == j], every
 
 
-def _spans(segment: Segment, words: list[str], pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Each tag's target span ``[start, end)`` of word indices: first what the alignment says, then nested
-    (children within their parent) and siblings made disjoint, so that the spans form the source's tree."""
+def _spans(
+    segment: Segment, words: list[str], links: tuple[list[tuple[int, int]], list[tuple[int, int]]]
+) -> list[tuple[int, int]]:
+    """Each tag's target span ``[start, end)`` of word indices: first what the alignment says (its sure links,
+    else any), then nested (children within their parent) and siblings made disjoint, so that the spans form
+    the source's tree."""
     n = len(words)
-    targets: dict[int, list[int]] = {}
-    for i, j in pairs:
-        if j < n:
-            targets.setdefault(i, []).append(j)
+    sure, targets = _targets(links[0], n), _targets(links[1], n)
     wanted = []
     for tag in range(len(segment.tags)):
         covered = [i for i, chain in enumerate(segment.chains) if tag in chain]
-        wanted.append(_wanted(covered, segment.starts[tag], targets, n))
+        found = [j for i in covered for j in sure.get(i, [])]
+        wanted.append((min(found), max(found) + 1) if found else _wanted(covered, segment.starts[tag], targets, n))
     spans = list(wanted)
 
     def place(children: list[int], lo: int, hi: int) -> None:
@@ -191,6 +202,15 @@ def _spans(segment: Segment, words: list[str], pairs: list[tuple[int, int]]) -> 
 
     place([t for t, p in enumerate(segment.parents) if p is None], 0, n)
     return spans
+
+
+def _targets(pairs: list[tuple[int, int]], n: int) -> dict[int, list[int]]:
+    """Per source word, its target words (of the ``n`` there are)."""
+    targets: dict[int, list[int]] = {}
+    for i, j in pairs:
+        if j < n:
+            targets.setdefault(i, []).append(j)
+    return targets
 
 
 def _wanted(covered: list[int], start: int, targets: dict[int, list[int]], n: int) -> tuple[int, int]:

@@ -221,7 +221,7 @@ def parse_libre(
     split = [text.split("\n") for text in texts] if form == "text" else _segments(texts)
     lines = [line for part in split for line in part]
     check_size(lines, limits, "q")
-    decode = {"alignment": "hard"} if form == "html" else {}
+    decode = {"alignment": "soft"} if form == "html" else {}
     job = Job(lines, nbest=alternatives + 1, decode=decode, languages=(source, target))
     documents = texts if form == "html" else None
     detector = detector or LanguageDetector(sources(cfg.data)[:1])
