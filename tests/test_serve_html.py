@@ -8,6 +8,7 @@ random documents and random alignments.
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import urllib.request
@@ -280,7 +281,7 @@ def test_upload_and_download_through_a_real_server(toy_ckpt: Path, translator: T
         req = urllib.request.Request(f"http://127.0.0.1:{port}/translate_file", data=body,
                                      headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})  # fmt: skip
         with urllib.request.urlopen(req, timeout=60) as r:
-            url = __import__("json").loads(r.read())["translatedFileUrl"]
+            url = json.loads(r.read())["translatedFileUrl"]
         assert url.startswith(f"http://127.0.0.1:{port}/download_file/")
         with urllib.request.urlopen(url, timeout=60) as r:
             out = r.read().decode()
