@@ -78,7 +78,7 @@ def test_libre_request_shapes(translator: Translator) -> None:
         ({"q": "a", "target": "en"}, 400, "target"),
         ({"q": "a", "alternatives": -1}, 400, "alternatives"),
         ({"q": "a", "alternatives": 9}, 400, "alternatives"),
-        ({"q": "a", "format": "html"}, 400, "format"),
+        ({"q": "a", "format": "markdown"}, 400, "format"),
         ({"q": ["a"] * 5}, 413, "q"),
         ({"q": "x" * 101}, 413, "q"),
     ],

@@ -126,7 +126,7 @@ def test_frontend_settings(server: str) -> None:
     settings = httpx.get(f"{server}/frontend/settings").json()
     assert settings == {
         "charLimit": 2000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False, "suggestions": False,
-        "filesTranslation": False, "supportedFilesFormat": [],
+        "filesTranslation": True, "supportedFilesFormat": [".txt", ".html"],
         "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}},
     }  # fmt: skip
 

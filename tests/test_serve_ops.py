@@ -128,6 +128,20 @@ def test_a_form_body_carries_its_key_past_the_gate(served: tuple[str, Path]) -> 
 
 
 @pytest.mark.slow
+def test_a_file_needs_the_key_and_its_download_needs_only_its_name(served: tuple[str, Path]) -> None:
+    import httpx
+
+    server, _ = served
+    upload = {"file": ("notes.txt", f"{LINE}\n".encode(), "text/plain")}
+    refused = httpx.post(f"{server}/translate_file", data={"target": "de", "api_key": "nope"}, files=upload)
+    assert refused.status_code == 403 and refused.json()["field"] == "api_key"
+    done = httpx.post(f"{server}/translate_file", data={"target": "de", "api_key": BIG}, files=upload, timeout=60)
+    assert done.status_code == 200, done.text
+    got = httpx.get(done.json()["translatedFileUrl"])  # no key: the random name is the file's
+    assert got.status_code == 200 and got.text.strip()
+
+
+@pytest.mark.slow
 def test_a_wrong_or_missing_key_is_403_and_open_paths_stay_open(served: tuple[str, Path]) -> None:
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect

@@ -1118,8 +1118,9 @@ def serve(
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
     POST /translate and /detect take LibreTranslate's requests ({"q": "text"
-    or [...], "source": "en", "target": "de", "alternatives": 0}) as a JSON,
-    form or multipart body or in the query string, so its clients work
+    or [...], "source": "en", "target": "de", "alternatives": 0, "format":
+    "text" or "html"}) as a JSON, form or multipart body or in the query
+    string, and POST /translate_file (.txt, .html), so its clients work
     unchanged; GET /frontend/settings; POST /v1/translate is tmt's own ({"sources": [...], "beam",
     "nbest", "len_penalty"}: translation, score and n-best per line); GET
     /languages, GET /health; WS /ws: one line in, its translation out, in

@@ -12,12 +12,18 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
@@ -49,6 +55,10 @@ from transformer_mt.serve.protocol import (
 from transformer_mt.serve.wire import fields
 
 RETRY_AFTER_S = 1  # what a 429 asks a client to wait
+KEPT_FILES = 64  # translated files kept for /download_file, the oldest dropped first: docs/serving.md, "Files"
+FILE_TYPES = {".txt": ("text", "text/plain; charset=utf-8"), ".html": ("html", "text/html; charset=utf-8"),
+              ".htm": ("html", "text/html; charset=utf-8")}  # fmt: skip
+SUPPORTED = [".txt", ".html"]  # what /frontend/settings offers LibreTranslate's clients (.htm is taken too)
 BODY_TIMEOUT_S = 30  # the longest a request body may take to arrive (408 beyond): docs/serving.md, "Limits"
 logger = logging.getLogger("uvicorn.error")  # one line per event, beside the server's own
 
@@ -108,6 +118,7 @@ class _Handlers:
         self.keyed = keyed  # requests need an api_key (--api-keys): /frontend/settings says so
         self.cfg = batcher.translator.cfg
         self.detector = LanguageDetector(sources(self.cfg.data))  # source "auto", /detect
+        self.files: OrderedDict[str, bytes] = OrderedDict()  # /translate_file's results, at most KEPT_FILES
 
     def routes(self) -> list[Route | WebSocketRoute]:
         """The paths the server answers: the demo page, LibreTranslate's, tmt's own, the WebSocket."""
@@ -115,6 +126,8 @@ class _Handlers:
             Route("/", self.page), Route("/languages", self.languages_route), Route("/health", self.health),
             Route("/frontend/settings", self.frontend_settings), Route("/translate", self.translate_libre, methods=["POST"]),
             Route("/detect", self.detect, methods=["POST"]),
+            Route("/translate_file", self.translate_file, methods=["POST"]),
+            Route("/download_file/{name}", self.download_file),
             Route("/v1/translate", self.translate_v1, methods=["POST"]),
             Route("/v1/attention", self.attention, methods=["POST"]), WebSocketRoute("/ws", self.websocket),
         ]  # fmt: skip
@@ -197,7 +210,82 @@ class _Handlers:
         return JSONResponse(found[0] if isinstance(q, str) else found)
 
     async def libre(self, parsed: Any) -> dict[str, Any]:
+        if parsed.documents is not None:
+            mode = self.batcher.translator.mode()
+            if mode.engine != "pytorch" or mode.ensemble:
+                raise RequestError(
+                    400, "'format' 'html' places tags by word alignment, which needs one tmt model: this server "
+                    f"runs {'an ensemble' if mode.ensemble else 'the ' + mode.engine + ' engine'}", "format",
+                )  # fmt: skip
         return libre_response(parsed, await self.submit(parsed.job))
+
+    async def translate_file(self, request: Request) -> Response:
+        """``POST /translate_file``, LibreTranslate's: a multipart ``file`` (.txt or .html, UTF-8) with ``source``
+        and ``target``, translated as ``q`` with format "text" or "html" would be; the answer is the URL to
+        download it from, kept until `KEPT_FILES` newer ones push it out."""
+        try:
+            name, raw = await self.upload(request)
+            parsed = parse_libre(raw, self.cfg, self.limits, self.detector)
+            request.state.lines = len(parsed.job.lines)  # for the access log
+            text = (await self.libre(parsed))["translatedText"]
+        except RequestError as err:
+            return refusal(err)
+        except UserError as err:
+            return refusal(RequestError(400, " ".join(str(err).split())))
+        key = f"{uuid.uuid4().hex}.{name}"
+        self.files[key] = text.encode("utf-8")
+        while len(self.files) > KEPT_FILES:
+            self.files.popitem(last=False)
+        return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=key))})
+
+    async def upload(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """The uploaded file's name and the request as `parse_libre` takes it (``q`` the file's text, ``format``
+        from its extension): 413 past the body limit, 400 for a form without a file, another extension, or a
+        file that is not UTF-8."""
+        limit = self.limits.body_bytes()
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+            raise RequestError(413, f"the file is over {limit} bytes; split it and send the parts", "file")
+        try:
+            form = await asyncio.wait_for(request.form(max_files=1, max_fields=8, max_part_size=limit), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+        except (HTTPException, MultiPartException, ClientDisconnect) as err:
+            raise RequestError(400, f"the form could not be read ({getattr(err, 'detail', None) or err}); send "
+                               "multipart/form-data with a 'file' field", "file") from None  # fmt: skip
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise RequestError(400, "missing 'file': send the document as a multipart/form-data file field", "file")
+        name = (upload.filename or "").rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+        ext = name[name.rfind(".") :].lower() if "." in name else ""
+        if ext not in FILE_TYPES:
+            raise RequestError(
+                400, f"file {name!r}: this server translates {', '.join(FILE_TYPES)} files; rename a plain-text "
+                "file to .txt", "file",
+            )  # fmt: skip
+        data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise RequestError(413, f"the file is over {limit} bytes; split it and send the parts", "file")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RequestError(
+                400, f"file {name!r} is not UTF-8 (byte {err.start}); save it as UTF-8 and send it again", "file"
+            ) from None
+        fields = {key: value for key, value in form.items() if isinstance(value, str) and key in ("source", "target")}
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        return safe, {**fields, "q": text, "format": FILE_TYPES[ext][0]}
+
+    async def download_file(self, request: Request) -> Response:
+        """``GET /download_file/<name>``: a translated file, while it is kept (404 after)."""
+        name = request.path_params["name"]
+        data = self.files.get(name)
+        if data is None:
+            return refusal(RequestError(404, f"no file {name!r}: translated files are kept for the last "
+                                        f"{KEPT_FILES} uploads; translate it again", "name"))  # fmt: skip
+        ext = name[name.rfind(".") :].lower()
+        return Response(data, media_type=FILE_TYPES[ext][1],
+                        headers={"Content-Disposition": attachment(name.split(".", 1)[1])})  # fmt: skip
 
     async def translate_v1(self, request: Request) -> Response:
         """``POST /v1/translate``, tmt's own API (decoding settings, prefixes, constraints, n-best)."""
@@ -283,14 +371,21 @@ async def _read(request: Request, limit: int) -> bytes:
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its web UI waits after a keystroke to translate
 
 
+def attachment(filename: str) -> str:
+    """The Content-Disposition of a download named ``filename``: an ASCII name for old clients and the UTF-8 one
+    (RFC 6266's ``filename*``), since a header holds Latin-1 only and a name may be in any script."""
+    fallback = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
+
 def frontend_settings(cfg: Any, limits: Limits, keyed: bool = False) -> dict[str, Any]:
-    """LibreTranslate's ``/frontend/settings`` for this model: whether a key is needed (``keyed``), no
-    suggestions, no files; the first direction as the default source and target."""
+    """LibreTranslate's ``/frontend/settings`` for this model: whether a key is needed (``keyed``), the files
+    /translate_file takes, no suggestions; the first direction as the default source and target."""
     name = {entry["code"]: entry["name"] for entry in languages(cfg)}
     first = directions(cfg.data)[0]
     return {
         "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keyed,
-        "keyRequired": keyed, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        "keyRequired": keyed, "suggestions": False, "filesTranslation": True, "supportedFilesFormat": SUPPORTED,
         "language": {"source": {"code": first.src, "name": name[first.src]},
                      "target": {"code": first.tgt, "name": name[first.tgt]}},
     }  # fmt: skip

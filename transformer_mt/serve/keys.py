@@ -34,6 +34,12 @@ from transformer_mt.serve.protocol import RequestError
 WINDOW_S = 60.0  # limits are requests per minute
 BODY_TIMEOUT_S = 30  # as the routes' own limit (`app.BODY_TIMEOUT_S`)
 OPEN_PATHS = frozenset({"/", "/health", "/languages", "/frontend/settings", "/metrics"})  # no key, no limit
+OPEN_PREFIXES = ("/download_file/",)  # a translated file: its name, unguessable, is the key (as LibreTranslate has it)
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` needs no key and counts against no limit."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 class KeysFileError(UserError):
@@ -187,7 +193,7 @@ class Gate:
         self.limiter = limiter or Limiter()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        guarded = scope["type"] in ("http", "websocket") and scope["path"] not in OPEN_PATHS
+        guarded = scope["type"] in ("http", "websocket") and not is_open(scope["path"])
         if not guarded or scope.get("method") == "OPTIONS":  # a CORS preflight carries no key
             await self.app(scope, receive, send)
             return

@@ -5,7 +5,9 @@ Two request shapes share one worker:
 - ``POST /translate``: LibreTranslate's (``q`` a string or a list of
   strings, ``source``, ``target``, ``alternatives``, ``format``), so that
   LibreTranslate's clients work unchanged. A string with several lines is
-  translated line by line and joined again with '\\n', as a document.
+  translated line by line and joined again with '\\n', as a document;
+  with ``format: "html"``, each text is an HTML document translated segment
+  by segment, its tags placed by word alignment (`transformer_mt.serve.html`).
 - ``POST /v1/translate``: tmt's own (``sources``, a list of single lines;
   optional ``beam``, ``nbest``, ``len_penalty``, for sampling ``sample``,
   ``temperature``, ``seed``, ``prefixes``, one forced target prefix per
@@ -38,6 +40,8 @@ from transformer_mt.config import (
 from transformer_mt.data.directions import sources, targets
 from transformer_mt.decode.translate import Translation
 from transformer_mt.serve.detect import LanguageDetector
+from transformer_mt.serve.html import join as join_html
+from transformer_mt.serve.html import split as split_html
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
@@ -94,6 +98,7 @@ class LibreRequest:
     single: bool  # q was a string, not a list: answer with strings
     alternatives: int
     detected: list[dict[str, Any]] | None  # source "auto": each text's detectedLanguage, as LibreTranslate answers
+    documents: list[str] | None = None  # format "html": the texts, whose segments are the lines
 
 
 @dataclass(frozen=True)
@@ -209,15 +214,31 @@ def parse_libre(
             400, f"'alternatives' {alternatives}: this model decodes with beam {cfg.decode.beam_size}, so it has at "
             f"most {cfg.decode.beam_size - 1} alternatives", "alternatives",
         )  # fmt: skip
-    if raw.get("format", "text") not in ("text",):
-        raise RequestError(400, f"'format' {raw.get('format')!r}: this server translates plain text ('text')", "format")
-    split = [text.split("\n") for text in texts]
+    form = raw.get("format", "text")
+    if form not in FORMATS:
+        raise RequestError(400, f"'format' {form!r}: this server translates 'text' or 'html'", "format")
+    if form == "html":
+        check_size(texts, limits, "q")  # the markup counts too
+    split = [text.split("\n") for text in texts] if form == "text" else _segments(texts)
     lines = [line for part in split for line in part]
     check_size(lines, limits, "q")
-    job = Job(lines, nbest=alternatives + 1, languages=(source, target))
+    decode = {"alignment": "soft"} if form == "html" else {}
+    job = Job(lines, nbest=alternatives + 1, decode=decode, languages=(source, target))
+    documents = texts if form == "html" else None
     detector = detector or LanguageDetector(sources(cfg.data)[:1])
     detected = None if source is not None else [detector.detect(text) for text in texts]
-    return LibreRequest(job, [len(part) for part in split], single, alternatives, detected)
+    return LibreRequest(job, [len(part) for part in split], single, alternatives, detected, documents)
+
+
+FORMATS = ("text", "html")  # LibreTranslate's values of 'format'
+
+
+def _segments(documents: list[str]) -> list[list[str]]:
+    """Each HTML document's segments as lines; a document nested deeper than the parser's walk goes is a 400."""
+    try:
+        return [[segment.text for segment in split_html(text)] for text in documents]
+    except RecursionError:
+        raise RequestError(400, "the HTML nests elements too deeply; send a flatter document", "q") from None
 
 
 def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple[str | None, str]:
@@ -244,17 +265,25 @@ def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple
 def libre_response(request: LibreRequest, results: list[list[Translation]]) -> dict[str, Any]:
     """LibreTranslate's answer: ``translatedText`` (a string or a list, as ``q`` was), ``alternatives`` when asked."""
     texts, alternatives, i = [], [], 0
-    for n in request.parts:
+    for k, n in enumerate(request.parts):
         part = results[i : i + n]
         i += n
-        texts.append("\n".join(hyps[0].text for hyps in part))
-        alternatives.append(["\n".join(hyps[k].text for hyps in part) for k in range(1, request.alternatives + 1)])
+        found = [_text(request, k, part, rank) for rank in range(request.alternatives + 1)]
+        texts.append(found[0])
+        alternatives.append(found[1:])
     answer: dict[str, Any] = {"translatedText": texts[0] if request.single else texts}
     if request.alternatives:
         answer["alternatives"] = alternatives[0] if request.single else alternatives
     if request.detected is not None:
         answer["detectedLanguage"] = request.detected[0] if request.single else request.detected
     return answer
+
+
+def _text(request: LibreRequest, k: int, part: list[list[Translation]], rank: int) -> str:
+    """The ``rank``-th translation of the ``k``-th text of ``q`` from its lines' translations ``part``."""
+    if request.documents is None:
+        return "\n".join(hyps[rank].text for hyps in part)
+    return join_html(request.documents[k], [(hyps[rank].text, hyps[rank].alignment or "") for hyps in part])
 
 
 def parse_v1(
