@@ -20,7 +20,7 @@ A tag is *right* when the target words it wraps are exactly the span, first
 to last, of the gold words; it *overlaps* when it wraps at least one of
 them. On every line the output must hold the source's tags, each once.
 
-    python benchmarks/html_tags.py -c /work/models/hour/average.pt --data ../shared/data/multi30k --lines 500
+    python benchmarks/html_tags.py -c runs/multi30k_hour/average.pt --data ../shared/data/multi30k --lines 500
 """
 
 from __future__ import annotations
