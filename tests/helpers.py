@@ -1,6 +1,7 @@
 """Builders shared by the tests: a run's config, its metric records, a tiny random-weight Transformer, a checkpoint
 file's stored dict as it is on disk, a random-weight checkpoint on a prepared corpus, and a fake decoder whose
-next-token probabilities come from a table.
+next-token probabilities come from a table; for `tmt serve`, a real server process, the translations it must answer and a
+headless browser.
 
 Fixtures live in conftest.py (``prepared_toy``, ``one_thread``, ...); these are plain functions and classes, imported
 as ``from helpers import run_config, metric_records`` (pytest puts this directory on the import path). Test modules
@@ -15,20 +16,26 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from transformer_mt.config import Config, ModelConfig, load_config
 from transformer_mt.data.bpe import BOS, EOS, PAD, load_bpe
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.settings import length_penalty
+from transformer_mt.decode.translate import Translator
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.run_names import METRICS_NAME
 
@@ -324,3 +331,69 @@ def prepare_config(root: Path, *extra: str) -> Config:
             *extra,
         ],
     )
+
+
+# ---------------------------------------------------------------- tmt serve: a real process, a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def quiet_translator(checkpoint: Path) -> Translator:
+    """``checkpoint``'s translator on the CPU, without a progress bar: what a test compares a server's answers with."""
+    t = Translator.from_checkpoints([checkpoint], device="cpu")
+    t.show_progress = False
+    return t
+
+
+def serve_alone(checkpoint: Path, lines: list[str]) -> dict[str, str]:
+    """`tmt translate`'s output for each line, translated alone: what a server must answer for it."""
+    t = quiet_translator(checkpoint)
+    return {line: t.translate_lines([line])[0] for line in lines}
+
+
+def request_json(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON answer) of a GET (``body`` None) or a JSON POST."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def start_server(checkpoint: Path, port: int, *args: str) -> subprocess.Popen:
+    """A real `tmt serve` process of ``checkpoint`` on ``port`` (one thread), once its /health answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", "serve", "-c", str(checkpoint), "--port", str(port), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tmt serve exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if request_json(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200:
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("tmt serve did not answer /health within 120 s")
+
+
+def browser() -> Any:
+    """Headless Chromium through its chromedriver (Selenium); skipped where they are missing, failed under CI
+    (``CI=true``), which must run the browser tests (`.ci/run` installs both)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the browser test: .ci/run installs chromium and chromium-driver")
+        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

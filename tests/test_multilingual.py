@@ -486,9 +486,10 @@ def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: 
     import signal
 
     from conftest import _free_port
+    from helpers import browser as _browser
+    from helpers import start_server as _start
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
-    from test_serve_process import _browser, _start
 
     from transformer_mt.decode.translate import Translator
 

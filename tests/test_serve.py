@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import quiet_translator
 
 from transformer_mt.config import Config
 from transformer_mt.decode.translate import Translation, Translator
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def translator(toy_ckpt: Path) -> Translator:
-    t = Translator.from_checkpoints([toy_ckpt], device="cpu")
-    t.show_progress = False
-    return t
+    return quiet_translator(toy_ckpt)
 
 
 @pytest.fixture(scope="module")

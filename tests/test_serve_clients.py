@@ -16,10 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_serve_process import _browser, _start
+from helpers import browser as _browser
+from helpers import serve_alone
+from helpers import start_server as _start
 
 from transformer_mt.config import Config
-from transformer_mt.decode.translate import Translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -44,10 +45,7 @@ def lines(prepared_toy: Config) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(toy_ckpt: Path, lines: list[str]) -> dict[str, str]:
-    """`tmt translate`'s output for each line, translated alone."""
-    t = Translator.from_checkpoints([toy_ckpt], device="cpu")
-    t.show_progress = False
-    return {line: t.translate_lines([line])[0] for line in lines}
+    return serve_alone(toy_ckpt, lines)
 
 
 @pytest.fixture(scope="module")

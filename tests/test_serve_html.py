@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup, Tag
+from helpers import quiet_translator
 
 from transformer_mt.decode.translate import Translator
 from transformer_mt.serve.batcher import Batcher
@@ -147,9 +148,7 @@ def test_no_tag_lost_or_duplicated_over_many_random_documents_and_alignments() -
 
 @pytest.fixture(scope="module")
 def translator(toy_ckpt: Path) -> Translator:
-    t = Translator.from_checkpoints([toy_ckpt], device="cpu")
-    t.show_progress = False
-    return t
+    return quiet_translator(toy_ckpt)
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +272,7 @@ def test_html_needs_alignments_of_one_model(toy_ckpt: Path) -> None:
 @pytest.mark.slow
 def test_upload_and_download_through_a_real_server(toy_ckpt: Path, translator: Translator) -> None:
     from conftest import _free_port
-    from test_serve_process import _start
+    from helpers import start_server as _start
 
     port = _free_port()
     proc = _start(toy_ckpt, port)

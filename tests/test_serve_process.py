@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import struct
@@ -19,48 +18,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import browser as _browser
+from helpers import request_json as _request
+from helpers import serve_alone
+from helpers import start_server as _start
 
 from transformer_mt.config import Config
-from transformer_mt.decode.translate import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-def _request(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def _start(checkpoint: Path, port: int, *args: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer_mt", "serve", "-c", str(checkpoint), "--port", str(port), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"tmt serve exited with {proc.returncode}: {proc.stdout.read()}")
-        try:
-            if _request(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200:
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("tmt serve did not answer /health within 120 s")
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +39,7 @@ def lines(prepared_toy: Config) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(toy_ckpt: Path, lines: list[str]) -> dict[str, str]:
-    """`tmt translate`'s output for each line, translated alone."""
-    t = Translator.from_checkpoints([toy_ckpt], device="cpu")
-    t.show_progress = False
-    return {line: t.translate_lines([line])[0] for line in lines}
+    return serve_alone(toy_ckpt, lines)
 
 
 @pytest.fixture(scope="module")
@@ -239,21 +205,6 @@ def test_a_port_in_use_is_one_line(toy_ckpt: Path, server: str) -> None:
     )  # fmt: skip
     assert done.returncode == 2 and "error: could not listen on" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
-
-
-def _browser():
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run the browser test: .ci/run installs chromium and chromium-driver")
-        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
 @pytest.mark.slow
