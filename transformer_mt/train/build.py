@@ -55,16 +55,17 @@ def load_run_data(cfg: Config, env: DistEnv) -> RunData:
     """Open ``data.dir`` (prepared by rank 0 when needed, `prepare_on_rank0`) memory-mapped."""
     data_dir = prepare_on_rank0(cfg, env)
     spm_path = data_dir / "spm.model"
+    bpe = load_bpe(spm_path)  # the tags' ids, and the vocabulary's size
     max_len = max_sentence_len(cfg)
     valid_directions = {}
     if multilingual(cfg.data):
-        parts = direction_parts(data_dir, cfg.data, "valid", load_bpe(spm_path))
+        parts = direction_parts(data_dir, cfg.data, "valid", bpe)
         valid = CorpusMix(list(parts.values()))
         valid_directions = {name: CorpusMix([part]) for name, part in parts.items()}
     else:
         valid = ParallelDataset(data_dir, "valid", cfg.data.src_lang, cfg.data.tgt_lang)  # DatasetError: the file
     if mixed(cfg.data):
-        train = train_mix(data_dir, cfg.data, load_bpe(spm_path))
+        train = train_mix(data_dir, cfg.data, bpe)
     else:
         train = ParallelDataset(data_dir, "train", cfg.data.src_lang, cfg.data.tgt_lang)
     return RunData(
@@ -72,7 +73,7 @@ def load_run_data(cfg: Config, env: DistEnv) -> RunData:
         train=train,
         valid=valid,
         spm_model=spm_path.read_bytes(),
-        vocab_size=load_bpe(spm_path).get_piece_size(),
+        vocab_size=bpe.get_piece_size(),
         max_len=max_len,
         too_long={
             name: int(too_long(ds.src_lens, ds.tgt_lens, max_len).sum())
