@@ -659,8 +659,11 @@ def _dribble(address: tuple[str, int], head: bytes, slow: bytes, seconds: float)
         while time.monotonic() - start < seconds:
             if select.select([s], [], [], 0.05)[0]:
                 answer = b""
-                while chunk := s.recv(65536):
-                    answer += chunk
+                try:
+                    while chunk := s.recv(65536):
+                        answer += chunk
+                except ConnectionResetError:  # closed with our dribbled bytes unread: a reset after its answer
+                    pass
                 return answer, time.monotonic() - start
             try:
                 s.sendall(slow[i % len(slow) : i % len(slow) + 1])
