@@ -27,20 +27,20 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-import eflomal
 from bs4 import BeautifulSoup
 
 from transformer_mt.data.bpe import EOS
 from transformer_mt.data.clean import normalize
 from transformer_mt.decode.align import alignments, format_alignment, piece_attention, word_index, word_matrix
+from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.serve.html import split
 from transformer_mt.serve.protocol import LibreRequest, Limits, libre_response, parse_libre
+from transformer_mt.train.aligner import eflomal_links
 
 TAGS = ("<b>{}</b>", '<a href="https://example.org/?q=1&amp;r=2">{}</a>', "<i>{}</i>")
 
@@ -54,14 +54,21 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="a decode override, e.g. decode.alignment_layer=5")
     parser.add_argument("--layers", default="0", help="decoder layers to align forced references with (0: the top)")
     parser.add_argument("--shift", action="store_true", help="also align forced references by the shifted attention")
+    parser.add_argument("--gold-runs", type=int, default=1, help="eflomal runs the gold is the majority of")
+    parser.add_argument("--gold-agreement", action="store_true", help="only how often two golds, made alike and "
+                        "independently, give a tag the same span: the most any aligner can agree with one")  # fmt: skip
+    parser.add_argument("--alignment", choices=("soft", "hard"), help="the kind of alignment line the tags are "
+                        "placed by (default: the server's choice)")  # fmt: skip
     args = parser.parse_args()
     src = (args.data / f"{args.split}.en").read_text(encoding="utf-8").splitlines()[: args.lines]
     ref = (args.data / f"{args.split}.de").read_text(encoding="utf-8").splitlines()[: args.lines]
+    if args.gold_agreement:
+        return gold_agreement(args.data, src, ref, args.gold_runs)
     translator = Translator.from_checkpoints([args.checkpoint], device="cpu", overrides=args.set)
     translator.show_progress = False
     started = time.monotonic()
     free = [hyps[0].text for hyps in translator.translate_lines_nbest(src, nbest=1)]
-    gold = gold_alignments(args.data, src + src, ref + free)
+    gold = gold_alignments(args.data, src + src, ref + free, args.gold_runs)
     gold_ref, gold_free = gold[: len(src)], gold[len(src) :]
     rng = random.Random(48)
     tagged = [tag_line(line, links, k, rng) for k, (line, links) in enumerate(zip(src, gold_ref, strict=True))]
@@ -71,37 +78,42 @@ def main() -> None:
     spans = [tagged[i][1] for i in kept]  # type: ignore[index]
     for layer in map(int, args.layers.split(",")):
         for shift in (False, True) if args.shift else (False,):
-            forced = force_html(translator, docs, [ref[i] for i in kept], layer, shift)
+            forced = force_html(translator, docs, [ref[i] for i in kept], layer, shift, args.alignment)
             report(f"forced, layer {layer or 'top'}{', shifted' if shift else ''}", docs, forced, spans,
                    [gold_ref[i] for i in kept], [ref[i] for i in kept])  # fmt: skip
-    freed = translate_html(translator, docs)
+    freed = translate_html(translator, docs, args.alignment)
     report("free decoding", docs, freed, spans, [gold_free[i] for i in kept], [free[i] for i in kept])
     print(f"{time.monotonic() - started:.0f} s")
 
 
-def request_of(translator: Translator, docs: list[str]) -> LibreRequest:
-    """``/translate`` with ``"format": "html"`` and ``q`` the documents, each of one segment."""
+def request_of(translator: Translator, docs: list[str], kind: str | None) -> LibreRequest:
+    """``/translate`` with ``"format": "html"`` and ``q`` the documents, each of one segment; ``kind``: the
+    alignment line asked for instead of the server's."""
     request = parse_libre(
         {"q": docs, "source": "en", "target": "de", "format": "html"}, translator.cfg,
         Limits(max_lines=len(docs), max_chars=10**9),
     )  # fmt: skip
     assert len(request.job.lines) == len(docs), "one segment per document"
+    if kind is not None:
+        request.job.decode["alignment"] = kind
     return request
 
 
-def translate_html(translator: Translator, docs: list[str]) -> list[str]:
+def translate_html(translator: Translator, docs: list[str], kind: str | None) -> list[str]:
     """Each document translated as ``/translate`` does, all in one search."""
-    request = request_of(translator, docs)
+    request = request_of(translator, docs, kind)
     results = translator.with_decode(request.job.decode).translate_lines_nbest(request.job.lines, nbest=1)
     return libre_response(request, results)["translatedText"]
 
 
-def force_html(translator: Translator, docs: list[str], refs: list[str], layer: int, shift: bool) -> list[str]:
+def force_html(
+    translator: Translator, docs: list[str], refs: list[str], layer: int, shift: bool, kind: str | None
+) -> list[str]:
     """Each document "translated" into its reference: the reference in place of the search's hypothesis, aligned
     as tmt aligns a hypothesis (`transformer_mt.decode.align`, decoder ``layer``), then placed as a request's.
     ``shift``: a candidate, not tmt's alignment: target token t aligned by the attention of the step that reads
     it (query t + 1) rather than the one that predicts it (Chen et al., 2020)."""
-    request = request_of(translator, docs)
+    request = request_of(translator, docs, kind)
     model, bpe, skip = translator.model, translator.bpe, len(translator.source_prefix)
     sources = [translator.encode(i, line) for i, line in enumerate(request.job.lines)]
     targets = [bpe.encode(normalize(r), out_type=int) for r in refs]
@@ -112,55 +124,42 @@ def force_html(translator: Translator, docs: list[str], refs: list[str], layer: 
                            strict=True):  # fmt: skip
             src_words = word_index([bpe.id_to_piece(x) for x in s[skip : skip + w.shape[1]]])
             found.append(format_alignment(word_matrix(w[1:], src_words, word_index(map(bpe.id_to_piece, t))), "hard"))
+    elif layer == model.cfg.decoder_layers:  # as the server aligns: by the checkpoint's aligner when it has one
+        hyps = [[Hypothesis(t, 0.0, 0.0)] for t in targets]
+        found = [h[0] for h in translator.with_decode(request.job.decode)._alignments(sources, hyps)]
     else:
         found = alignments(model, bpe, sources, targets, layer, request.job.decode["alignment"], skip)
     results = [[Translation(ref, 0.0, 0.0, links)] for ref, links in zip(refs, found, strict=True)]
     return libre_response(request, results)["translatedText"]
 
 
-def gold_alignments(data: Path, src: list[str], tgt: list[str]) -> list[set[tuple[int, int]]]:
-    """eflomal's links of each (src, tgt) pair, trained with Multi30k train, both directions, grow-diag-final-and."""
+def gold_alignments(data: Path, src: list[str], tgt: list[str], runs: int) -> list[set[tuple[int, int]]]:
+    """eflomal's links of each (src, tgt) pair, trained with Multi30k train, both directions, grow-diag-final-and;
+    with several ``runs``, the links most of them agree on (`eflomal_links`)."""
     train_src = (data / "train.en").read_text(encoding="utf-8").splitlines()
     train_tgt = (data / "train.de").read_text(encoding="utf-8").splitlines()
-    with tempfile.TemporaryDirectory() as tmp:
-        fwd, rev = Path(tmp, "fwd"), Path(tmp, "rev")
-        eflomal.Aligner().align(
-            [line + "\n" for line in train_src + src], [line + "\n" for line in train_tgt + tgt],
-            links_filename_fwd=str(fwd), links_filename_rev=str(rev),
-        )  # fmt: skip
-        fwds = fwd.read_text().splitlines()[len(train_src) :]
-        revs = rev.read_text().splitlines()[len(train_src) :]
-    return [grow_diag_final_and(_links(f), _links(r)) for f, r in zip(fwds, revs, strict=True)]
+    return eflomal_links(train_src + src, train_tgt + tgt, runs)[len(train_src) :]
+
+
+def gold_agreement(data: Path, src: list[str], ref: list[str], runs: int) -> None:
+    """How often a second gold, made as the first (another eflomal sample), gives each tagged line's tag the first
+    one's span: eflomal's own agreement, the ceiling of any aligner's measured against one gold."""
+    first, second = gold_alignments(data, src, ref, runs), gold_alignments(data, src, ref, runs)
+    rng = random.Random(48)
+    same = total = 0
+    for k, (line, a, b) in enumerate(zip(src, first, second, strict=True)):
+        tagged = tag_line(line, a, k, rng)
+        if tagged is None:
+            continue
+        want = [sorted({j for i, j in links if i in tagged[1]}) for links in (a, b)]
+        total += 1
+        same += bool(want[1]) and (want[0][0], want[0][-1]) == (want[1][0], want[1][-1])
+    print(f"two golds of {runs} eflomal run(s) each give a tag the same span on {same} of {total} lines "
+          f"({same / max(total, 1):.1%})")  # fmt: skip
 
 
 def _links(line: str) -> set[tuple[int, int]]:
     return {(int(i), int(j)) for i, j in (pair.split("-") for pair in line.split())}
-
-
-def grow_diag_final_and(fwd: set[tuple[int, int]], rev: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Koehn's symmetrization: the intersection, grown by neighbouring links of the union (diagonals too) that
-    align a word not yet aligned, then the union's links whose both words are still unaligned."""
-    union, links = fwd | rev, set(fwd & rev)
-    grown = True
-    while grown:
-        grown = False
-        for i, j in sorted(links):
-            for di in (-1, 0, 1):
-                for dj in (-1, 0, 1):
-                    new = (i + di, j + dj)
-                    if new in union and new not in links and _free(links, *new, either=True):
-                        links.add(new)
-                        grown = True
-    for link in sorted(union - links):
-        if _free(links, *link, either=False):
-            links.add(link)
-    return links
-
-
-def _free(links: set[tuple[int, int]], i: int, j: int, either: bool) -> bool:
-    src_free = all(a != i for a, _ in links)
-    tgt_free = all(b != j for _, b in links)
-    return (src_free or tgt_free) if either else (src_free and tgt_free)
 
 
 def tag_line(line: str, links: set[tuple[int, int]], k: int, rng: random.Random) -> tuple[str, range] | None:

@@ -203,6 +203,11 @@ class DecodeConfig:
     # (1-based; 0: the top one, which aligned best on Multi30k; fairseq takes the one below it)
     alignment: Literal["none", "hard", "soft"] = "none"
     alignment_layer: int = 0
+    # a checkpoint with a word aligner trained for its model (`tmt train-aligner`, transformer_mt/decode/aligner.py)
+    # aligns with it instead of the attention unless use_aligner is false; its hard links are the word pairs of
+    # link probability aligner_threshold or more
+    use_aligner: bool = True
+    aligner_threshold: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -711,6 +716,8 @@ def _validate_decode(d: DecodeConfig) -> None:
             f"decode.no_repeat_ngram must be 0 (off, the paper) or an n-gram size, got {d.no_repeat_ngram}"
         )
     _validate_sampling(d)
+    if not 0.0 < d.aligner_threshold <= 1.0:
+        raise ConfigError(f"decode.aligner_threshold is a link probability in (0, 1], got {d.aligner_threshold}")
     if d.alignment_layer < 0:
         raise ConfigError(
             f"decode.alignment_layer must be 0 (the top layer) or a decoder layer from 1, got {d.alignment_layer}"

@@ -106,6 +106,8 @@ class Checkpoint:
     progress: TrainingProgress = field(default_factory=TrainingProgress)  # only ``update`` without ``training``
     training: TrainingState | None = None
     averaged_from: list[str] = field(default_factory=list)  # the input files of `tmt average`
+    # a word aligner trained for this model's states (`tmt train-aligner`): weights, shape, validation figures
+    aligner: dict[str, Any] | None = None
 
 
 def to_state(ck: Checkpoint) -> dict[str, Any]:
@@ -121,6 +123,8 @@ def to_state(ck: Checkpoint) -> dict[str, Any]:
         state["batching"] = None if t.batching is None else t.batching.to_dict()
     if ck.averaged_from:
         state["averaged_from"] = list(ck.averaged_from)
+    if ck.aligner is not None:
+        state["aligner"] = ck.aligner
     return state
 
 
@@ -149,6 +153,7 @@ def from_state(state: Any, path: str | Path) -> Checkpoint:
         progress=progress,
         training=training,
         averaged_from=[str(p) for p in _entry(state, "averaged_from", list, path, default=[])],
+        aligner=_aligner(state, path) if "aligner" in state else None,
     )
 
 
@@ -304,8 +309,35 @@ _BATCHING_TYPES = {
 }  # fmt: skip
 
 
-def check_weights(path: str | Path, weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    """Refuse ``weights`` (a checkpoint's 'model' entry) unless they have ``expected``'s names and shapes and
+def _aligner(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """The ``aligner`` entry: a state dict of dense real tensors, a shape of small whole numbers (the dimension a
+    multiple of the heads), validation figures; names and shapes are `check_weights`' to check against it."""
+    entry = _entry(state, "aligner", dict, path)
+    weights, shape, valid = entry.get("weights"), entry.get("shape"), entry.get("valid", {})
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        raise CheckpointError(f"{path}: the 'aligner' entry's weights are not a state dict; {_NOT_TMT}")
+    for key, tensor in weights.items():
+        problem = weight_problem(tensor)
+        if problem:
+            raise CheckpointError(f"{path}: the 'aligner' entry's {shown(key)} {problem}; {_NOT_TMT}")
+    limits = {"dim": (1, 8192), "heads": (1, 64), "layers": (0, 16)}
+    if not isinstance(shape, dict) or not all(
+        type(shape.get(k)) is int and low <= shape[k] <= high for k, (low, high) in limits.items()
+    ) or shape["dim"] % shape["heads"]:  # fmt: skip
+        raise CheckpointError(
+            f"{path}: the 'aligner' entry's shape is not dim, heads (dividing dim) and layers; {_NOT_TMT}"
+        )
+    if not isinstance(valid, dict) or not all(isinstance(k, str) and type(v) in (int, float) for k, v in valid.items()):
+        raise CheckpointError(f"{path}: the 'aligner' entry's validation figures are not numbers; {_NOT_TMT}")
+    return {"weights": weights, "shape": {k: shape[k] for k in limits}, "valid": dict(valid)}
+
+
+def check_weights(
+    path: str | Path, weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], entry: str = "model"
+) -> None:
+    """Refuse ``weights`` (a checkpoint's 'model' entry, or ``entry``) unless they have ``expected``'s names and shapes and
     floating-point values where it has them: the model the checkpoint's config describes, so that a crafted entry
     is one line naming the weight rather than torch's list of every key."""
     missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
@@ -326,5 +358,5 @@ def check_weights(path: str | Path, weights: dict[str, torch.Tensor], expected: 
             break
     if problem:
         raise CheckpointError(
-            f"{path}: the 'model' entry does not fit the model its config describes: {problem}; {_NOT_TMT}"
+            f"{path}: the '{entry}' entry does not fit the model its config describes: {problem}; {_NOT_TMT}"
         )

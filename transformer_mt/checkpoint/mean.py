@@ -25,7 +25,8 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
     dtype; integer buffers must be equal and are copied. All inputs must have
     the same parameter names and shapes and the same BPE model. Config, BPE
     model and update come from the newest input (highest update); no training
-    state is kept. One path gives that checkpoint's model as it is.
+    state is kept. One path gives that checkpoint's model as it is, with its word
+    aligner (`transformer_mt.decode.aligner`), which a mean of several drops.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -33,11 +34,13 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
     single = len(paths) == 1  # the mean of one checkpoint is itself: no float64 copy needed
     sums: dict[str, torch.Tensor] = {}
     first: tuple[dict[str, torch.Tensor], bytes] = ({}, b"")  # the first input's model and BPE model
+    aligner = None  # one input's word aligner: it was trained on that model's states, not on a mean
     newest: tuple[int, Config, bytes] = (-1, Config(), b"")  # update, config, BPE model
     for i, path in enumerate(paths):
         ck = read_checkpoint(path)
         if i == 0:
             first, sums = (ck.model, ck.spm_model), dict(ck.model) if single else _float64_copy(ck.model)
+            aligner = ck.aligner if single else None
         else:
             _check_same_model(*first, ck, paths[0], path)
             _accumulate(sums, ck.model, paths[0], path)
@@ -46,7 +49,10 @@ def read_average(paths: Sequence[str | Path]) -> Checkpoint:
         del ck  # one input's weights (and optimizer state) in memory at a time, besides the sums
     model = sums if single else _mean(sums, first[0], len(paths))
     update, config, spm_model = newest
-    return Checkpoint(model, config, spm_model, TrainingProgress(update=update), averaged_from=[str(p) for p in paths])
+    return Checkpoint(
+        model, config, spm_model, TrainingProgress(update=update), averaged_from=[str(p) for p in paths],
+        aligner=aligner,
+    )  # fmt: skip
 
 
 def _check_same_model(

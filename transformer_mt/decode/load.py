@@ -28,6 +28,7 @@ from transformer_mt.checkpoint import Checkpoint, check_weights, read_average, r
 from transformer_mt.config import Config, ConfigError, apply_override, parse_override, validate
 from transformer_mt.cpus import check_memory
 from transformer_mt.data.bpe import BOS, EOS, PAD, UNK, load_bpe_bytes
+from transformer_mt.decode.aligner import Aligner, AlignerShape, from_entry
 from transformer_mt.errors import UserError
 from transformer_mt.model.onednn import use_onednn_linears
 from transformer_mt.model.transformer import Transformer, describe_size, model_bytes
@@ -46,6 +47,7 @@ class LoadedModel:
     bpe: spm.SentencePieceProcessor
     spm_model: bytes  # the sentencepiece model's bytes (what exports write out)
     device: torch.device
+    aligner: Aligner | None = None  # the checkpoint's word aligner (`tmt train-aligner`), if it has one
 
 
 def default_device() -> str:
@@ -256,4 +258,15 @@ def _loaded(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> Lo
     )
     model = Transformer(cfg.model, bpe.get_piece_size(), pad_id=PAD)
     model.load_state_dict(ck.model)
-    return LoadedModel(model.to(device).eval(), cfg, bpe, ck.spm_model, device)
+    return LoadedModel(model.to(device).eval(), cfg, bpe, ck.spm_model, device, _aligner(ck, cfg, path, device))
+
+
+def _aligner(ck: Checkpoint, cfg: Config, path: Path, device: torch.device) -> Aligner | None:
+    """The checkpoint's word aligner, its weights checked against the head its shape describes; None without."""
+    if ck.aligner is None:
+        return None
+    shape = AlignerShape.of(ck.aligner["shape"])
+    with torch.device("meta"):
+        expected = Aligner(cfg.model.d_model, shape).state_dict()
+    check_weights(path, ck.aligner["weights"], expected, entry="aligner")
+    return from_entry(ck.aligner, cfg.model.d_model).to(device)

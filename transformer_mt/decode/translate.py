@@ -38,6 +38,7 @@ from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize
 from transformer_mt.data.directions import choose, directions, multilingual, source_prefix, zero_shot
 from transformer_mt.decode.align import alignments
+from transformer_mt.decode.aligner import Aligner, aligner_alignments
 from transformer_mt.decode.constrained import (
     check_lengths,
     constrained_search,
@@ -109,6 +110,7 @@ class Translator:
         cfg: Config,
         device: str | torch.device,
         search: BatchSearch | None = None,
+        aligner: Aligner | None = None,
     ) -> None:
         if model is None and search is None:
             raise ValueError("Translator needs a model or a search")
@@ -119,6 +121,7 @@ class Translator:
         self.show_progress = True
         self.progress: Bar | None = None  # a bar of the caller's that batches count on, instead of one per call
         self.engine_search = search  # None: tmt's own beam search over ``model``
+        self.aligner = aligner  # the checkpoint's word aligner: `--alignment` reads it instead of the attention
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
         self.direction = choose(cfg.data, None, None) if not multilingual(cfg.data) else None  # `toward` sets it
         self.source_prefix: list[int] = []  # ids every source starts with: a multilingual model's target tag
@@ -186,7 +189,8 @@ class Translator:
             model: Transformer | Ensemble = Ensemble([for_decoding(m.model, m.config) for m in members])
             return cls(model, first.bpe, first.config, first.device)
         loaded = load_model(paths, device, overrides)
-        return cls(for_decoding(loaded.model, loaded.config), loaded.bpe, loaded.config, loaded.device)
+        model = for_decoding(loaded.model, loaded.config)
+        return cls(model, loaded.bpe, loaded.config, loaded.device, aligner=loaded.aligner)
 
     @classmethod
     def from_ctranslate2(
@@ -430,9 +434,14 @@ class Translator:
         pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
         layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
         skip = len(self.source_prefix)  # the target tag is no word of the source text
-        flat = iter(
-            alignments(self.model, self.bpe, [p[0] for p in pairs], [p[1] for p in pairs], layer, d.alignment, skip)
-        )
+        sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
+        if self.aligner is not None and d.use_aligner:
+            lines = aligner_alignments(
+                self.model, self.aligner, self.bpe, sources, targets, d.alignment, d.aligner_threshold, skip
+            )
+        else:
+            lines = alignments(self.model, self.bpe, sources, targets, layer, d.alignment, skip)
+        flat = iter(lines)
         return [[next(flat) for _ in hyps] for hyps in found]
 
     def _own_search(
