@@ -5,8 +5,8 @@ The links are Pharaoh ``i-j`` lines (0-based source word i, target word j,
 over the text's whitespace words), one per sentence pair: fast_align's,
 eflomal's or a human's. Without a links file they are made here with
 eflomal (PyPI, the ``align`` extra; Östling & Tiedemann 2016), in both
-directions and symmetrized with grow-diag-final-and (`grow_diag_final_and`),
-the combination that word alignment benchmarks report best for it. The last
+directions and symmetrized with grow-diag-final-and (`grow_diag_final_and`,
+Koehn's usual symmetrization), written beside the output. The last
 ``valid_lines`` pairs are held out: the epoch of the best link F1 on them
 is kept.
 """
@@ -273,6 +273,7 @@ def _text_and_links(
     """The pairs' two sides and their links: ``links_file``'s, or the majority of ``runs`` of eflomal's (then
     kept in OUT.links)."""
     from transformer_mt.data.clean import read_lines
+    from transformer_mt.files import atomic_write_text
 
     sources, targets = list(read_lines(sources_file)), list(read_lines(targets_file))
     if len(sources) != len(targets):
@@ -285,7 +286,7 @@ def _text_and_links(
     else:
         report(f"aligning {len(sources):,} pairs with eflomal ({runs} run(s), both directions, grow-diag-final-and)")
         links = eflomal_links(sources, targets, runs)
-        Path(f"{out}.links").write_text("".join(format_pharaoh(p) + "\n" for p in links), encoding="utf-8")
+        atomic_write_text(Path(f"{out}.links"), "".join(format_pharaoh(p) + "\n" for p in links))
     return sources, targets, links
 
 
