@@ -158,10 +158,6 @@ def gold_agreement(data: Path, src: list[str], ref: list[str], runs: int) -> Non
           f"({same / max(total, 1):.1%})")  # fmt: skip
 
 
-def _links(line: str) -> set[tuple[int, int]]:
-    return {(int(i), int(j)) for i, j in (pair.split("-") for pair in line.split())}
-
-
 def tag_line(line: str, links: set[tuple[int, int]], k: int, rng: random.Random) -> tuple[str, range] | None:
     """``line`` with 1-2 adjacent words, each linked by ``links``, wrapped in the k-th of `TAGS`, and the words'
     indices; None when no word is linked."""

@@ -20,7 +20,7 @@ from transformer_mt.checkpoint.io import read_checkpoint, write_checkpoint
 from transformer_mt.cli import app
 from transformer_mt.config import Config
 from transformer_mt.data.clean import normalize
-from transformer_mt.decode.align import word_index
+from transformer_mt.decode.align import format_pharaoh, word_index
 from transformer_mt.decode.aligner import (
     Aligner,
     AlignerShape,
@@ -33,7 +33,6 @@ from transformer_mt.decode.translate import Translator
 from transformer_mt.train.aligner import (
     AlignerDataError,
     example,
-    format_pharaoh,
     grow_diag_final_and,
     read_links,
 )

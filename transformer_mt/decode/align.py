@@ -25,7 +25,7 @@ target pieces of the sum over its source pieces (`word_matrix`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import sentencepiece as spm
@@ -58,11 +58,25 @@ def word_matrix(attention: Tensor, src_words: Sequence[int], tgt_words: Sequence
     return summed / counts[:, None]
 
 
+def format_pharaoh(pairs: Iterable[tuple[int, int]]) -> str:
+    """(source word, target word) pairs as a Pharaoh line: ``i-j`` sorted, separated by spaces."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
+
+
+def parse_pharaoh(line: str) -> set[tuple[int, int]]:
+    """The (source word, target word) pairs of a well-formed Pharaoh line."""
+    return {(int(i), int(j)) for i, j in (pair.split("-") for pair in line.split())}
+
+
+def text_span(source: Sequence[int], skip: int) -> tuple[int, int]:
+    """Where the text's tokens are in source ids: after ``skip`` tag ids, before EOS."""
+    return skip, len(source) - 1 if source and source[-1] == EOS else len(source)
+
+
 def format_alignment(matrix: Tensor, kind: Literal["hard", "soft"]) -> str:
     """``matrix`` (target words, source words) as a Pharaoh ``i-j`` line (``hard``) or probabilities (``soft``)."""
     if kind == "hard":
-        best = matrix.argmax(dim=1).tolist()
-        return " ".join(f"{i}-{j}" for i, j in sorted((i, j) for j, i in enumerate(best)))
+        return format_pharaoh((i, j) for j, i in enumerate(matrix.argmax(dim=1).tolist()))
     return " ".join(",".join(f"{p:.2f}" for p in row) for row in matrix.tolist())
 
 
@@ -82,8 +96,8 @@ def piece_attention(model: Transformer, sources: Sequence[Sequence[int]], target
     weights = maps.cross[layer - 1].float().mean(dim=1).cpu()  # (B, T+1, S)
     found = []
     for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
-        real = len(s) - 1 if s and s[-1] == EOS else len(s)
-        w = weights[row, : len(t), skip:real]  # the steps that predicted the target tokens; the text's source tokens
+        start, end = text_span(s, skip)
+        w = weights[row, : len(t), start:end]  # the steps that predicted the target tokens; the text's source tokens
         found.append(w / w.sum(dim=1, keepdim=True).clamp_min(1e-12))
     return found
 

@@ -43,8 +43,9 @@ import sentencepiece as spm
 import torch
 from torch import Tensor, nn
 
-from transformer_mt.data.bpe import BOS, EOS, PAD
-from transformer_mt.decode.align import word_index
+from transformer_mt.data.bpe import BOS, PAD
+from transformer_mt.decode.align import format_pharaoh, text_span, word_index
+from transformer_mt.decode.search import pad_batch
 from transformer_mt.model.transformer import AttentionMaps, Transformer
 
 
@@ -122,7 +123,7 @@ def model_states(
     """The `States` of ``model`` (frozen, eval mode) for (source ids + EOS, target ids) pairs, whose source starts
     with ``skip`` tag ids; the decoder reads BOS + the target, so step t predicts token t and step t + 1 reads it."""
     device = model.embed.weight.device
-    src, tgt = pad(sources).to(device), pad(targets).to(device)
+    src, tgt = pad_batch(sources).to(device), pad_batch(targets).to(device)
     tgt_in = torch.cat([torch.full_like(tgt[:, :1], BOS), tgt], dim=1)
     enc = model.encode(src)
     maps = AttentionMaps()
@@ -140,11 +141,6 @@ def model_states(
     )
 
 
-def text_span(source: Sequence[int], skip: int) -> tuple[int, int]:
-    """Where the text's tokens are in source ids: after ``skip`` tag ids, before EOS."""
-    return skip, len(source) - 1 if source and source[-1] == EOS else len(source)
-
-
 def word_pool(
     bpe: spm.SentencePieceProcessor, rows: Sequence[Sequence[int]], starts: Sequence[int], width: int
 ) -> Tensor:
@@ -156,14 +152,6 @@ def word_pool(
         for t, w in enumerate(index):
             pool[b, w, start + t] = 1.0
     return pool / pool.sum(dim=2, keepdim=True).clamp_min(1.0)
-
-
-def pad(rows: Sequence[Sequence[int]]) -> Tensor:
-    """``rows`` as one PAD-padded (len, longest) tensor of ids."""
-    out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
 
 
 @torch.no_grad()
@@ -189,8 +177,7 @@ def format_links(matrix: Tensor, kind: Literal["hard", "soft"], threshold: float
     ``threshold`` or above (``hard``), or as the probabilities, ``p,p,p`` per target word (``soft``)."""
     if kind == "soft":
         return " ".join(",".join(f"{p:.2f}" for p in row) for row in matrix.tolist())
-    pairs = (matrix >= threshold).nonzero().tolist()
-    return " ".join(f"{i}-{j}" for i, j in sorted((i, j) for j, i in pairs))
+    return format_pharaoh((i, j) for j, i in (matrix >= threshold).nonzero().tolist())
 
 
 def aligner_alignments(

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_mt.data.bpe import EOS
-from transformer_mt.decode.align import word_index
-from transformer_mt.decode.aligner import Aligner, AlignerShape, model_states, text_span
+from transformer_mt.decode.align import format_pharaoh, parse_pharaoh, text_span, word_index
+from transformer_mt.decode.aligner import Aligner, AlignerShape, model_states
 from transformer_mt.errors import UserError
 from transformer_mt.model.transformer import Transformer
 
@@ -91,12 +91,8 @@ def eflomal_links(sources: Sequence[str], targets: Sequence[str], runs: int = 1)
             )  # fmt: skip
             pairs = zip(fwd.read_text().splitlines(), rev.read_text().splitlines(), strict=True)
             for count, (f, r) in zip(votes, pairs, strict=True):
-                count.update(grow_diag_final_and(_pairs(f), _pairs(r)))
+                count.update(grow_diag_final_and(parse_pharaoh(f), parse_pharaoh(r)))
     return [{link for link, n in count.items() if 2 * n > runs} for count in votes]
-
-
-def _pairs(line: str) -> set[tuple[int, int]]:
-    return {(int(i), int(j)) for i, j in (pair.split("-") for pair in line.split())}
 
 
 def grow_diag_final_and(fwd: set[tuple[int, int]], rev: set[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -125,10 +121,6 @@ def _unaligned(links: set[tuple[int, int]], i: int, j: int, both: bool) -> bool:
     src_free = all(a != i for a, _ in links)
     tgt_free = all(b != j for _, b in links)
     return (src_free and tgt_free) if both else (src_free or tgt_free)
-
-
-def format_pharaoh(links: set[tuple[int, int]]) -> str:
-    return " ".join(f"{i}-{j}" for i, j in sorted(links))
 
 
 @dataclass(frozen=True)
