@@ -677,11 +677,11 @@ def _dribble(address: tuple[str, int], head: bytes, slow: bytes, seconds: float)
 def test_a_client_that_sends_a_byte_at_a_time_is_cut_off(uvicorn_server, lines, alone, monkeypatch) -> None:
     from websockets.sync.client import connect
 
-    import transformer_mt.serve.app as app_module
+    import transformer_mt.serve.protocol as protocol
 
     answer, took = _dribble(uvicorn_server, b"", b"POST /v1/translate HTTP/1.1\r\nX-Slow: " + b"a" * 1000, 5)
     assert answer == b"" and took < 3  # headers that never end: closed after the header timeout
-    monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(protocol, "BODY_TIMEOUT_S", 0.5)
     head = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
     answer, took = _dribble(uvicorn_server, head, b'{"sources": [" ', 5)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"took more than 0.5 s" in answer and took < 3

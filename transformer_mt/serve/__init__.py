@@ -177,7 +177,7 @@ def slow_client_protocol(header_timeout_s: float) -> type:
     long as it liked. The clock starts when the connection opens and when an
     answer is complete (the next request's headers); a WebSocket, once
     upgraded, is another protocol's and is left alone. The body has its own
-    limit (`app.BODY_TIMEOUT_S`).
+    limit (`protocol.BODY_TIMEOUT_S`).
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 

@@ -43,8 +43,10 @@ from transformer_mt.serve.protocol import (
     Job,
     Limits,
     RequestError,
+    body_in_time,
     check_languages,
     check_size,
+    declared_over,
     languages,
     libre_response,
     parse_json,
@@ -59,7 +61,6 @@ KEPT_FILES = 64  # translated files kept for /download_file, the oldest dropped 
 FILE_TYPES = {".txt": ("text", "text/plain; charset=utf-8"), ".html": ("html", "text/html; charset=utf-8"),
               ".htm": ("html", "text/html; charset=utf-8")}  # fmt: skip
 SUPPORTED = [".txt", ".html"]  # what /frontend/settings offers LibreTranslate's clients (.htm is taken too)
-BODY_TIMEOUT_S = 30  # the longest a request body may take to arrive (408 beyond): docs/serving.md, "Limits"
 logger = logging.getLogger("uvicorn.error")  # one line per event, beside the server's own
 
 
@@ -164,16 +165,14 @@ class _Handlers:
 
     async def read(self, request: Request) -> bytes:
         """The body, read no further than the limits allow (413 past them, before reading when the declared
-        Content-Length says so) and within `BODY_TIMEOUT_S` (408: a client that sends it byte by byte forever
+        Content-Length says so) and within `protocol.BODY_TIMEOUT_S` (408: a client that sends it byte by byte forever
         holds a connection no longer)."""
         limit = self.limits.body_bytes()
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):  # h11 refused a malformed one
+        if declared_over(declared, limit):
             raise RequestError(413, f"the request body is over {limit} bytes; send less per request")
         try:
-            return await asyncio.wait_for(_read(request, limit), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+            return await body_in_time(_read(request, limit))
         except ClientDisconnect:  # nobody is left to answer: the status is for the log
             raise RequestError(400, "the client left before sending the whole body") from None
 
@@ -244,12 +243,10 @@ class _Handlers:
         file that is not UTF-8."""
         limit = self.limits.body_bytes()
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        if declared_over(declared, limit):
             raise RequestError(413, f"the file is over {limit} bytes; split it and send the parts", "file")
         try:
-            form = await asyncio.wait_for(request.form(max_files=1, max_fields=8, max_part_size=limit), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+            form = await body_in_time(request.form(max_files=1, max_fields=8, max_part_size=limit))
         except (HTTPException, MultiPartException, ClientDisconnect) as err:
             raise RequestError(400, f"the form could not be read ({getattr(err, 'detail', None) or err}); send "
                                "multipart/form-data with a 'file' field", "file") from None  # fmt: skip

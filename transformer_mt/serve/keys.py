@@ -16,7 +16,6 @@ written anywhere (the access log writes the path without its query).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import math
@@ -29,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.errors import UserError
-from transformer_mt.serve.protocol import RequestError
+from transformer_mt.serve.protocol import RequestError, body_in_time, declared_over
 
 WINDOW_S = 60.0  # limits are requests per minute
-BODY_TIMEOUT_S = 30  # as the routes' own limit (`app.BODY_TIMEOUT_S`)
 OPEN_PATHS = frozenset({"/", "/health", "/languages", "/frontend/settings", "/metrics"})  # no key, no limit
 OPEN_PREFIXES = ("/download_file/",)  # a translated file: its name, unguessable, is the key (as LibreTranslate has it)
 
@@ -222,18 +220,15 @@ class Gate:
     async def _body(self, scope: dict, receive: Any) -> tuple[bytes, Any]:
         """The body, when keys are asked (the key may be in it), and a ``receive`` that hands it to the route as
         if unread. As the routes read theirs: 413 past the body limit (before reading when the declared length
-        says so), 408 when it takes more than `BODY_TIMEOUT_S` to arrive."""
+        says so), 408 when it takes more than `protocol.BODY_TIMEOUT_S` to arrive."""
         if self.policy.keys is None or scope["type"] != "http":
             return b"", receive
         too_large = RequestError(413, f"the request body is over {self.body_limit} bytes; send less per request")
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > self.body_limit):
+        if declared_over(declared.decode("latin-1"), self.body_limit):
             raise too_large
         messages: list[dict] = []
-        try:
-            await asyncio.wait_for(_gather(receive, messages, self.body_limit), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
+        await body_in_time(_gather(receive, messages, self.body_limit))
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if len(body) > self.body_limit:
             raise too_large

@@ -22,10 +22,12 @@ on and the request field it is about (``None`` for the body as a whole).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from transformer_mt.config import (
     API_NAMES,
@@ -60,6 +62,25 @@ class RequestError(Exception):
     def body(self) -> dict[str, Any]:
         """The JSON error body: LibreTranslate's ``error`` key, and the field the message is about."""
         return {"error": self.message, "field": self.field}
+
+
+BODY_TIMEOUT_S = 30  # the longest a request body may take to arrive (408 beyond): docs/serving.md, "Limits"
+T = TypeVar("T")
+
+
+def declared_over(content_length: str, limit: int) -> bool:
+    """Whether a request's Content-Length says its body is over ``limit`` bytes: a 413 before reading any of it (a
+    malformed header never gets here: h11 refuses it)."""
+    return content_length.isdigit() and (len(content_length) > 18 or int(content_length) > limit)
+
+
+async def body_in_time(reading: Awaitable[T]) -> T:
+    """``reading`` (a request body arriving), or a 408 when it takes more than `BODY_TIMEOUT_S`: a client that
+    sends its body byte by byte forever holds a connection no longer."""
+    try:
+        return await asyncio.wait_for(reading, BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"the request body took more than {BODY_TIMEOUT_S} s to arrive") from None
 
 
 @dataclass(frozen=True)
