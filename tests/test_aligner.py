@@ -29,9 +29,11 @@ from transformer_mt.decode.aligner import (
     to_entry,
     word_pool,
 )
-from transformer_mt.decode.translate import Translator
+from transformer_mt.decode.translate import TranslateError, Translator
 from transformer_mt.train.aligner import (
     AlignerDataError,
+    eflomal_links,
+    eflomal_runs,
     example,
     grow_diag_final_and,
     read_links,
@@ -102,6 +104,32 @@ def test_an_example_keeps_the_word_links_and_refuses_links_past_the_words(toy_ck
     assert example(source, target, {(9, 0)}, bpe, 0) is None  # a link past the words: not these words
 
 
+def test_eflomal_runs_give_both_directions_links_within_the_words_and_links_their_majority(
+    prepared_toy: Config,
+) -> None:
+    pytest.importorskip("eflomal")
+    corpus = Path(prepared_toy.data.train)
+    src, tgt = (Path(f"{corpus}.{x}").read_text(encoding="utf-8").splitlines()[:300] for x in ("en", "de"))
+    runs = list(eflomal_runs(src, tgt, 2))
+    assert len(runs) == 2 and all(len(run) == len(src) for run in runs)
+    for run in runs:
+        for (fwd, rev), s, t in zip(run, src, tgt, strict=True):
+            assert all(i < len(s.split()) and j < len(t.split()) for i, j in fwd | rev)
+        assert sum(bool(fwd & rev) for fwd, rev in run) > 0.9 * len(src)  # the directions mostly agree
+    links = eflomal_links(src, tgt, 3)  # a majority of 3 fresh runs: close to any one run's symmetrized links
+    one = [grow_diag_final_and(fwd, rev) for fwd, rev in runs[0]]
+    shared = sum(len(a & b) for a, b in zip(links, one, strict=True))
+    assert shared > 0.8 * sum(map(len, one))
+
+
+def test_align_needs_an_alignment_kind(toy_ckpt: Path) -> None:
+    translator = Translator.from_checkpoints([toy_ckpt], device="cpu")
+    source = translator.encode(0, "The old man sees the red car.")
+    with pytest.raises(TranslateError, match="decode.alignment"):
+        translator.align([source], [[5, 6]])
+    assert translator.with_decode({"alignment": "soft"}).align([source], [[]]) == [""]  # an empty side: no words
+
+
 def _aligned(toy_trained_checkpoint: Path, prepared_toy: Config, out: Path, *args: str) -> tuple[int, str]:
     corpus = Path(prepared_toy.data.train)
     result = CliRunner().invoke(
@@ -141,18 +169,10 @@ def test_the_aligner_aligns_held_out_pairs_better_than_the_attention(
         assert (translator.aligner is not None) and translator.cfg.decode.use_aligner == (name == "aligner")
         sources = [translator.encode(i, line) for i, line in enumerate(src)]
         targets = [translator.bpe.encode(normalize(line), out_type=int) for line in tgt]
-        lines = translator.with_decode({"alignment": "hard"})._alignments(
-            sources, [[_hyp(t)] for t in targets]
-        )  # fmt: skip
-        found[name] = [{tuple(map(int, p.split("-"))) for p in line[0].split()} for line in lines]
+        lines = translator.with_decode({"alignment": "hard"}).align(sources, targets)
+        found[name] = [{tuple(map(int, p.split("-"))) for p in line.split()} for line in lines]
     assert _f1(found["aligner"], gold) > 0.7
     assert _f1(found["aligner"], gold) > _f1(found["attention"], gold) + 0.1
-
-
-def _hyp(tokens: list[int]):
-    from transformer_mt.decode.search import Hypothesis
-
-    return Hypothesis(tokens, 0.0, 0.0)
 
 
 def test_translations_do_not_change_and_the_alignment_column_comes_from_the_aligner(

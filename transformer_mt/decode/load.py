@@ -164,6 +164,12 @@ def load_model(
     return _loaded(ck, cfg, paths[0], device)
 
 
+def load_checkpoint(ck: Checkpoint, path: str | Path, device: str | torch.device | None = None) -> LoadedModel:
+    """The model of a checkpoint already read (`read_checkpoint`), as `load_model` gives it for ``path`` alone:
+    for a command that also writes the checkpoint back (`tmt train-aligner`), so that it reads the file once."""
+    return _loaded(ck, ck.config, Path(path), resolve_device(device))
+
+
 def load_ensemble(
     paths: Sequence[str | Path], device: str | torch.device | None = None, overrides: Sequence[str] = ()
 ) -> list[LoadedModel]:

@@ -426,23 +426,29 @@ class Translator:
         )
 
     def _alignments(self, sources: list[list[int]], found: list[list[Hypothesis]]) -> list[list[str | None]]:
-        """Each hypothesis' alignment line (`transformer_mt.decode.align`), or None without ``decode.alignment``."""
+        """Each hypothesis' alignment line (`align`), or None without ``decode.alignment``."""
+        if self.cfg.decode.alignment == "none":
+            return [[None] * len(hyps) for hyps in found]
+        pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
+        flat = iter(self.align([p[0] for p in pairs], [p[1] for p in pairs]))
+        return [[next(flat) for _ in hyps] for hyps in found]
+
+    def align(self, sources: list[list[int]], targets: list[list[int]]) -> list[str]:
+        """The ``decode.alignment`` line ("soft" or "hard", `transformer_mt.decode.align`) of each pair of a source
+        (`encode`'s ids, EOS included) and a target (the model's tokens, without EOS): a search's hypothesis or a given text,
+        such as a reference to align. By the checkpoint's aligner when it has one and ``decode.use_aligner``, else
+        by the attention of ``decode.alignment_layer``."""
         d = self.cfg.decode
         if d.alignment == "none":
-            return [[None] * len(hyps) for hyps in found]
+            raise TranslateError("align needs decode.alignment soft or hard")
         assert isinstance(self.model, Transformer), "check_mode refuses alignments of an ensemble or an engine"
-        pairs = [(src, h.tokens) for src, hyps in zip(sources, found, strict=True) for h in hyps]
-        layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
         skip = len(self.source_prefix)  # the target tag is no word of the source text
-        sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
         if self.aligner is not None and d.use_aligner:
-            lines = aligner_alignments(
+            return aligner_alignments(
                 self.model, self.aligner, self.bpe, sources, targets, d.alignment, d.aligner_threshold, skip
             )
-        else:
-            lines = alignments(self.model, self.bpe, sources, targets, layer, d.alignment, skip)
-        flat = iter(lines)
-        return [[next(flat) for _ in hyps] for hyps in found]
+        layer = d.alignment_layer or self.model.cfg.decoder_layers  # 0: the top layer
+        return alignments(self.model, self.bpe, sources, targets, layer, d.alignment, skip)
 
     def _own_search(
         self, sources: list[list[int]], nbest: int, prefixes: list[list[int]] | None = None

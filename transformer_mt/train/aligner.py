@@ -74,6 +74,17 @@ def eflomal_links(sources: Sequence[str], targets: Sequence[str], runs: int = 1)
     """eflomal's links of each pair, both directions, symmetrized with `grow_diag_final_and`; with several
     ``runs``, the links that most of them agree on. eflomal samples: two runs on the same text differ on a few
     percent of links, and a majority of runs is steadier than any one of them."""
+    votes: list[Counter[tuple[int, int]]] = [Counter() for _ in sources]
+    for run in eflomal_runs(sources, targets, runs):
+        for count, (fwd, rev) in zip(votes, run, strict=True):
+            count.update(grow_diag_final_and(fwd, rev))
+    return [{link for link, n in count.items() if 2 * n > runs} for count in votes]
+
+
+def eflomal_runs(
+    sources: Sequence[str], targets: Sequence[str], runs: int
+) -> Iterator[list[tuple[set[tuple[int, int]], set[tuple[int, int]]]]]:
+    """Each of ``runs`` independent eflomal alignments of the pairs: per pair, its (forward, reverse) links."""
     try:
         import eflomal
     except ImportError:
@@ -81,7 +92,6 @@ def eflomal_links(sources: Sequence[str], targets: Sequence[str], runs: int = 1)
             "making the links needs eflomal: pip install 'transformer_mt[align]', or give --links FILE "
             "(Pharaoh i-j lines from any word aligner)"
         ) from None
-    votes: list[Counter[tuple[int, int]]] = [Counter() for _ in sources]
     with tempfile.TemporaryDirectory() as tmp:
         fwd, rev = Path(tmp, "fwd"), Path(tmp, "rev")
         for _ in range(runs):
@@ -90,9 +100,7 @@ def eflomal_links(sources: Sequence[str], targets: Sequence[str], runs: int = 1)
                 links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True,
             )  # fmt: skip
             pairs = zip(fwd.read_text().splitlines(), rev.read_text().splitlines(), strict=True)
-            for count, (f, r) in zip(votes, pairs, strict=True):
-                count.update(grow_diag_final_and(parse_pharaoh(f), parse_pharaoh(r)))
-    return [{link for link, n in count.items() if 2 * n > runs} for count in votes]
+            yield [(parse_pharaoh(f), parse_pharaoh(r)) for f, r in pairs]
 
 
 def grow_diag_final_and(fwd: set[tuple[int, int]], rev: set[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -326,13 +334,15 @@ def train_aligner(
     from transformer_mt.checkpoint.io import read_checkpoint, write_checkpoint
     from transformer_mt.data.directions import multilingual
     from transformer_mt.decode.aligner import to_entry
-    from transformer_mt.decode.load import load_model
+    from transformer_mt.decode.load import load_checkpoint
 
     shape = shape or AlignerShape()
     if shape.dim % shape.heads:
         raise AlignerDataError(f"--dim {shape.dim}: the aligner's {shape.heads} attention heads need a multiple")
     sources, targets, links = _text_and_links(sources_file, targets_file, links_file, out, eflomal_runs, report)
-    loaded = load_model([checkpoint], "cpu")
+    ck = read_checkpoint(checkpoint)
+    ck.training = None  # the written checkpoint is a model to translate with, not a run to resume
+    loaded = load_checkpoint(ck, checkpoint, "cpu")
     if multilingual(loaded.config.data):
         raise AlignerDataError(
             f"{checkpoint}: a model of several directions; tmt train-aligner trains for one-pair models only"
@@ -354,8 +364,6 @@ def train_aligner(
             batch_size=batch_size, seed=seed,
             report=lambda line: tqdm.write(line), step_done=lambda: bar.update(1),
         )  # fmt: skip
-    ck = read_checkpoint(checkpoint)
     ck.aligner = to_entry(aligner, figures)
-    ck.training = None
     write_checkpoint(out, ck)
     return figures
