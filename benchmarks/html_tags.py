@@ -47,7 +47,7 @@ from transformer_mt.decode.align import alignments, format_alignment, piece_atte
 from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.serve.html import split
 from transformer_mt.serve.protocol import LibreRequest, Limits, libre_response, parse_libre
-from transformer_mt.train.aligner import eflomal_runs, grow_diag_final_and
+from transformer_mt.train.aligner import eflomal_samples, grow_diag_final_and
 
 TAGS = ("<b>{}</b>", '<a href="https://example.org/?q=1&amp;r=2">{}</a>', "<i>{}</i>")
 
@@ -154,7 +154,7 @@ def gold_alignments(
     train_tgt = (data / "train.de").read_text(encoding="utf-8").splitlines()
     votes: list[Counter[tuple[int, int]]] = [Counter() for _ in src]
     seen: list[dict[int, set[frozenset[tuple[int, int]]]]] = [{} for _ in src]
-    for run in eflomal_runs(train_src + src, train_tgt + tgt, runs):
+    for run in eflomal_samples(train_src + src, train_tgt + tgt, runs):
         for line, count, views, (fwd, rev) in zip(src, votes, seen, run[len(train_src) :], strict=True):
             links = grow_diag_final_and(fwd, rev)
             count.update(links)

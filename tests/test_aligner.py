@@ -33,7 +33,7 @@ from transformer_mt.decode.translate import TranslateError, Translator
 from transformer_mt.train.aligner import (
     AlignerDataError,
     eflomal_links,
-    eflomal_runs,
+    eflomal_samples,
     example,
     grow_diag_final_and,
     read_links,
@@ -104,13 +104,13 @@ def test_an_example_keeps_the_word_links_and_refuses_links_past_the_words(toy_ck
     assert example(source, target, {(9, 0)}, bpe, 0) is None  # a link past the words: not these words
 
 
-def test_eflomal_runs_give_both_directions_links_within_the_words_and_links_their_majority(
+def test_eflomal_samples_give_both_directions_links_within_the_words_and_links_their_majority(
     prepared_toy: Config,
 ) -> None:
     pytest.importorskip("eflomal")
     corpus = Path(prepared_toy.data.train)
     src, tgt = (Path(f"{corpus}.{x}").read_text(encoding="utf-8").splitlines()[:300] for x in ("en", "de"))
-    runs = list(eflomal_runs(src, tgt, 2))
+    runs = list(eflomal_samples(src, tgt, 2))
     assert len(runs) == 2 and all(len(run) == len(src) for run in runs)
     for run in runs:
         for (fwd, rev), s, t in zip(run, src, tgt, strict=True):

@@ -435,9 +435,9 @@ class Translator:
 
     def align(self, sources: list[list[int]], targets: list[list[int]]) -> list[str]:
         """The ``decode.alignment`` line ("soft" or "hard", `transformer_mt.decode.align`) of each pair of a source
-        (`encode`'s ids, EOS included) and a target (the model's tokens, without EOS): a search's hypothesis or a given text,
-        such as a reference to align. By the checkpoint's aligner when it has one and ``decode.use_aligner``, else
-        by the attention of ``decode.alignment_layer``."""
+        (`encode`'s ids, EOS included) and a target (the model's tokens, without EOS): a search's hypothesis, or a
+        given text such as a reference. By the checkpoint's aligner when it has one and ``decode.use_aligner``,
+        else by the attention of ``decode.alignment_layer``."""
         d = self.cfg.decode
         if d.alignment == "none":
             raise TranslateError("align needs decode.alignment soft or hard")

@@ -165,8 +165,7 @@ class _Handlers:
 
     async def read(self, request: Request) -> bytes:
         """The body, read no further than the limits allow (413 past them, before reading when the declared
-        Content-Length says so) and within `protocol.BODY_TIMEOUT_S` (408: a client that sends it byte by byte forever
-        holds a connection no longer)."""
+        Content-Length says so) and in time (408, `protocol.body_in_time`)."""
         limit = self.limits.body_bytes()
         declared = request.headers.get("content-length", "")
         if declared_over(declared, limit):

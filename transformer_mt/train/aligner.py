@@ -75,13 +75,13 @@ def eflomal_links(sources: Sequence[str], targets: Sequence[str], runs: int = 1)
     ``runs``, the links that most of them agree on. eflomal samples: two runs on the same text differ on a few
     percent of links, and a majority of runs is steadier than any one of them."""
     votes: list[Counter[tuple[int, int]]] = [Counter() for _ in sources]
-    for run in eflomal_runs(sources, targets, runs):
+    for run in eflomal_samples(sources, targets, runs):
         for count, (fwd, rev) in zip(votes, run, strict=True):
             count.update(grow_diag_final_and(fwd, rev))
     return [{link for link, n in count.items() if 2 * n > runs} for count in votes]
 
 
-def eflomal_runs(
+def eflomal_samples(
     sources: Sequence[str], targets: Sequence[str], runs: int
 ) -> Iterator[list[tuple[set[tuple[int, int]], set[tuple[int, int]]]]]:
     """Each of ``runs`` independent eflomal alignments of the pairs: per pair, its (forward, reverse) links."""
