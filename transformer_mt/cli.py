@@ -1086,8 +1086,9 @@ ServeCheckpointOpt = Annotated[
     typer.Option(
         "--checkpoint",
         "-c",
-        help="Checkpoint of `tmt train` or `tmt average` (several -c are averaged); with --engine ctranslate2, "
-        "a `tmt export ctranslate2` directory.",
+        help="Checkpoint of `tmt train` or `tmt average`. Several -c of the same directions are averaged; -c of "
+        "other directions are served side by side, each answering its own (-c en_de.pt -c de_en.pt). With "
+        "--engine ctranslate2, a `tmt export ctranslate2` directory (each its own model).",
     ),
 ]
 HostOpt = Annotated[

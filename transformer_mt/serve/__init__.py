@@ -8,6 +8,8 @@ The parts, each testable alone:
 - `batcher`: one worker thread that owns the model and batches the lines of
   concurrent requests (``max_batch_tokens``, ``max_wait_ms``), behind a
   bounded queue (429 when full);
+- `models`: the models a server holds (one, or several of other
+  directions) and which one answers a request;
 - `app`: the starlette routes over those two; ``demo.html`` the page at ``/``.
 
 starlette and uvicorn are an optional extra (``pip install -e ".[serve]"``):
@@ -63,8 +65,8 @@ def serve(
     req_limit: int = 0,
     log_format: str = "text",
 ) -> None:
-    """Load the model, then serve it until SIGTERM or Ctrl-C; in-flight requests are answered before exit.
-    ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per client address (0:
+    """Load the models (`model_groups`), then serve them until SIGTERM or Ctrl-C; in-flight requests are
+    answered before exit. ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per client address (0:
     none); ``log_format``: the access log's, on stderr."""
     require_web_stack()
     import uvicorn
@@ -74,6 +76,7 @@ def serve(
     from transformer_mt.serve.app import ServerInfo, build_app
     from transformer_mt.serve.batcher import Batcher
     from transformer_mt.serve.keys import Policy, read_keys
+    from transformer_mt.serve.models import Models
     from transformer_mt.serve.protocol import Limits
 
     check_options(max_wait_ms, {"--queue": queue_size, "--max-lines": max_lines, "--max-chars": max_chars},
@@ -81,18 +84,24 @@ def serve(
     policy = Policy(read_keys(api_keys) if api_keys is not None else None, req_limit)  # a bad file: before loading
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
-    translator = load_translator(
-        checkpoints, engine, False, device, overrides, languages=None
+    groups = model_groups(checkpoints, engine)
+    models = Models(
+        [load_translator(group, engine, False, device, overrides, languages=None) for group in groups],
+        [public_name(group) for group in groups],
     )  # a direction per request
-    d = translator.cfg.decode
-    batcher = Batcher(translator, d.batch_tokens, max_wait_ms, queue_size)
-    info = ServerInfo(public_name(checkpoints), engine, str(translator.device), d.quantize, threads)
+    d = models.first.cfg.decode
+    batcher = Batcher(models, d.batch_tokens, max_wait_ms, queue_size)
+    info = ServerInfo(public_name(checkpoints), engine, str(models.first.device), d.quantize, threads)
     app = build_app(
         batcher, info, limits, False, policy, log=_stderr_line, log_format=log_format, cors_origins=cors_origins
     )
+    served = "; ".join(
+        f"{', '.join(map(str, group))} ({', '.join(w.name for w in directions(t.cfg.data))})"
+        for group, t in zip(groups, models.translators, strict=True)
+    )
     print(
-        f"serving {', '.join(map(str, checkpoints))} ({', '.join(w.name for w in directions(translator.cfg.data))}, {engine}, "
-        f"{info.device}, threads {threads or 'as torch chose'}) on http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
+        f"serving {served} ({engine}, {info.device}, threads {threads or 'as torch chose'}) on "
+        f"http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )
@@ -101,6 +110,24 @@ def serve(
         http=slow_client_protocol(HEADER_TIMEOUT_S),
     )  # fmt: skip
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
+
+
+def model_groups(checkpoints: Sequence[str | Path], engine: str) -> list[list[str | Path]]:
+    """``-c``'s checkpoints as the models the server holds, in order of first appearance. With tmt's engine,
+    checkpoints of the same directions are one model (averaged, as `tmt translate` averages several -c) and
+    checkpoints of other directions models of their own, each answering its directions; with ctranslate2,
+    each directory is a model. Only the stored configs are read here (`read_checkpoint`'s cheap look)."""
+    if engine != "pytorch" or len(checkpoints) < 2:
+        return [[checkpoint] for checkpoint in checkpoints]
+    from transformer_mt.checkpoint.io import read_checkpoint
+    from transformer_mt.checkpoint.run_dir import run_dir_checkpoint
+    from transformer_mt.data.directions import directions
+
+    groups: dict[tuple[str, ...], list[str | Path]] = {}
+    for checkpoint in checkpoints:
+        config = read_checkpoint(run_dir_checkpoint(Path(checkpoint)) or checkpoint, mmap=True).config
+        groups.setdefault(tuple(way.name for way in directions(config.data)), []).append(checkpoint)
+    return list(groups.values())
 
 
 def check_options(max_wait_ms: float, at_least_one: dict[str, int], req_limit: int, log_format: str) -> None:

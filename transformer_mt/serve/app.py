@@ -32,12 +32,12 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from transformer_mt.attention_maps import AttentionError, translator_attention
-from transformer_mt.data.directions import directions, sources
 from transformer_mt.decode.translate import Translator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, ShuttingDown
 from transformer_mt.serve.detect import LanguageDetector
 from transformer_mt.serve.keys import Gate, Policy
+from transformer_mt.serve.models import Models
 from transformer_mt.serve.observe import Metrics, Observe
 from transformer_mt.serve.protocol import (
     Job,
@@ -117,8 +117,9 @@ class _Handlers:
     ) -> None:
         self.batcher, self.info, self.limits, self.start_worker = batcher, info, limits, start_worker
         self.keyed = keyed  # requests need an api_key (--api-keys): /frontend/settings says so
-        self.cfg = batcher.translator.cfg
-        self.detector = LanguageDetector(sources(self.cfg.data))  # source "auto", /detect
+        self.cfg = batcher.translator.cfg  # the server's decoding settings (every model's: `Models`)
+        self.langs = batcher.models.languages
+        self.detector = LanguageDetector(list(self.langs.sources))  # source "auto", /detect
         self.files: OrderedDict[str, bytes] = OrderedDict()  # /translate_file's results, at most KEPT_FILES
 
     def routes(self) -> list[Route | WebSocketRoute]:
@@ -190,7 +191,10 @@ class _Handlers:
     async def translate_libre(self, request: Request) -> Response:
         """``POST /translate``, LibreTranslate's API."""
         return await self.answer(
-            lambda raw: parse_libre(raw, self.cfg, self.limits, self.detector), request, self.libre, libre=True
+            lambda raw: parse_libre(raw, self.cfg, self.limits, self.detector, self.langs),
+            request,
+            self.libre,
+            libre=True,
         )
 
     async def detect(self, request: Request) -> Response:
@@ -223,7 +227,7 @@ class _Handlers:
         download it from, kept until `KEPT_FILES` newer ones push it out."""
         try:
             name, raw = await self.upload(request)
-            parsed = parse_libre(raw, self.cfg, self.limits, self.detector)
+            parsed = parse_libre(raw, self.cfg, self.limits, self.detector, self.langs)
             request.state.lines = len(parsed.job.lines)  # for the access log
             text = (await self.libre(parsed))["translatedText"]
         except RequestError as err:
@@ -287,7 +291,7 @@ class _Handlers:
         """``POST /v1/translate``, tmt's own API (decoding settings, prefixes, constraints, n-best)."""
         mode = self.batcher.translator.mode()
         return await self.answer(
-            lambda raw: parse_v1(raw, self.cfg, self.limits, mode.engine, mode.ensemble), request, self.v1
+            lambda raw: parse_v1(raw, self.cfg, self.limits, mode.engine, mode.ensemble, self.langs), request, self.v1
         )
 
     async def v1(self, parsed: Any) -> dict[str, Any]:
@@ -299,7 +303,9 @@ class _Handlers:
         try:
             raw = await self.body(request)
             text, layer = attention_request(raw)
-            toward = self.batcher.translator.toward(*check_languages(raw, self.cfg, None), any_source=True)
+            source, target = check_languages(raw, self.langs, None)
+            model = self.batcher.models.translators[self.batcher.models.route(source, target)]
+            toward = model.toward(source, target, any_source=True)
             found = await self.attend(toward, text, layer)
         except RequestError as err:
             return refusal(err)
@@ -322,7 +328,7 @@ class _Handlers:
         return JSONResponse({
             "status": "ok", "model": info.model, "engine": info.engine, "device": info.device,
             "quantize": info.quantize, "threads": info.threads, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
-            "directions": [way.name for way in directions(cfg.data)],
+            "directions": [way.name for way in self.batcher.models.directions()],
             "queue_depth": batcher.depth(), "uptime_s": round(time.monotonic() - info.started, 1),
             "requests": batcher.stats.requests, "lines": batcher.stats.lines, "batches": batcher.stats.batches,
             "errors": batcher.stats.errors, "steps": batcher.stats.steps,
@@ -332,12 +338,12 @@ class _Handlers:
         })  # fmt: skip
 
     async def languages_route(self, request: Request) -> Response:
-        return JSONResponse(languages(self.cfg))
+        return JSONResponse(languages(self.langs))
 
     async def frontend_settings(self, request: Request) -> Response:
         """``GET /frontend/settings``, LibreTranslate's: what its web UI and clients read before they send text
         (the character limit, whether a key is needed, the default direction, files)."""
-        return JSONResponse(frontend_settings(self.cfg, self.limits, self.keyed))
+        return JSONResponse(frontend_settings(self.batcher.models, self.limits, self.keyed))
 
     async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("transformer_mt.serve").joinpath("demo.html").read_text(encoding="utf-8"))
@@ -345,7 +351,7 @@ class _Handlers:
     async def websocket(self, ws: WebSocket) -> None:
         """``/ws?target=de`` (and ``source``): a model of several directions takes them from the query."""
         try:
-            languages = check_languages(dict(ws.query_params), self.cfg, None)
+            languages = check_languages(dict(ws.query_params), self.langs, None)
         except RequestError as err:
             await ws.accept()
             await _close(ws, err)
@@ -374,11 +380,11 @@ def attachment(filename: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
-def frontend_settings(cfg: Any, limits: Limits, keyed: bool = False) -> dict[str, Any]:
-    """LibreTranslate's ``/frontend/settings`` for this model: whether a key is needed (``keyed``), the files
-    /translate_file takes, no suggestions; the first direction as the default source and target."""
-    name = {entry["code"]: entry["name"] for entry in languages(cfg)}
-    first = directions(cfg.data)[0]
+def frontend_settings(models: Models, limits: Limits, keyed: bool = False) -> dict[str, Any]:
+    """LibreTranslate's ``/frontend/settings`` for this server: whether a key is needed (``keyed``), the files
+    /translate_file takes, no suggestions; the first model's first direction as the default source and target."""
+    name = {entry["code"]: entry["name"] for entry in languages(models.languages)}
+    first = models.directions()[0]
     return {
         "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keyed,
         "keyRequired": keyed, "suggestions": False, "filesTranslation": True, "supportedFilesFormat": SUPPORTED,

@@ -30,6 +30,11 @@ its lines, prefixes and phrases, and its own settings applied to the
 server's; `Encoded.joins` alone decides what joins the running search.
 Model work never runs on the event loop, and the worker survives any error:
 the failed group's futures get the exception, the others their results.
+
+A server of several models (`transformer_mt.serve.models`) has one such
+lane per model: `encode_job` routes a request to its model, each model has
+its running search and its requests waiting to join it, and the one worker
+steps every search that holds sentences in turn.
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformer_mt.config import API_NAMES, mode_conflict
+from transformer_mt.decode.continuous import ContinuousSearch
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translate import Translation, Translator
 from transformer_mt.errors import UserError
+from transformer_mt.serve.models import Models
 from transformer_mt.serve.protocol import Job, RequestError
 
 
@@ -64,32 +71,35 @@ class ShuttingDown(Exception):
 class Encoded:
     """A job as the worker translates it, encoded once (`encode_job`): each line's source ids (ids and EOS, []
     for an empty line), forced prefix ids and constraint phrases, and the translator that decodes it with the
-    job's own settings (the server's translator itself when it asks for none)."""
+    job's own settings (the model's translator itself when it asks for none); ``lane``: which of the server's
+    models it goes to (`Models.route`)."""
 
     translator: Translator
     nbest: int
     sources: list[list[int]]
     prefixes: list[list[int]] | None = None
     phrases: list[list[list[int]]] | None = None
+    lane: int = 0
 
     @property
     def tokens(self) -> int:
         return sum(map(len, self.sources))
 
     def joins(self, server: Translator) -> bool:
-        """Whether it can join the server's running search: the one place that decides. Only a job with the
-        server's own settings (toward any direction: a model of several reads the target in the source ids),
-        no prefixes and no constraints; the others are translated in rounds."""
+        """Whether it can join the running search of its model ``server``: the one place that decides. Only a
+        job with the server's own settings (toward any direction: a model of several reads the target in the
+        source ids), no prefixes and no constraints; the others are translated in rounds."""
         same = self.translator.cfg is server.cfg and self.translator.engine_search is server.engine_search
         return same and self.prefixes is None and self.phrases is None
 
 
-def encode_job(server: Translator, job: Job) -> Encoded:
-    """``job`` encoded with ``server``'s BPE model, each line once, and its settings applied and checked: a
-    request that cannot be translated is refused here (a 400 `RequestError` naming the field), not in the
-    batch it would join."""
+def encode_job(models: Models, job: Job) -> Encoded:
+    """``job`` encoded with its model's BPE model (`Models.route`), each line once, and its settings applied and
+    checked: a request that cannot be translated is refused here (a 400 `RequestError` naming the field), not
+    in the batch it would join."""
+    lane = models.route(*job.languages)
     with _refused(None):
-        translator = server.with_decode(job.decode)
+        translator = models.translators[lane].with_decode(job.decode)
     with _refused("target"):
         translator = translator.toward(*job.languages, where="'source'/'target'", any_source=True)
     conflict = mode_conflict(
@@ -109,7 +119,7 @@ def encode_job(server: Translator, job: Job) -> Encoded:
         for i, (texts, source) in enumerate(zip(job.constraints, sources, strict=True)):
             with _refused(f"constraints[{i}]"):
                 phrases.append(translator.encode_constraints(texts, source, f"constraints[{i}]"))
-    return Encoded(translator, job.nbest, sources, prefixes, phrases)
+    return Encoded(translator, job.nbest, sources, prefixes, phrases, lane)
 
 
 @contextlib.contextmanager
@@ -147,6 +157,16 @@ class _Joined:
         return sum(map(len, self.sources))
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One model's share of the worker: its translator, its running search (None: in rounds) and the requests
+    waiting to join it."""
+
+    translator: Translator
+    search: ContinuousSearch | None
+    waiting: deque[_Joined] = field(default_factory=deque)
+
+
 @dataclass
 class Stats:
     """What `GET /health` reports about the worker."""
@@ -162,18 +182,21 @@ class Stats:
 
 
 class Batcher:
-    """The queue and the one worker; `start` it on a thread (or `run` it), `submit` jobs, `close` to finish."""
+    """The queue and the one worker; `start` it on a thread (or `run` it), `submit` jobs, `close` to finish.
+    ``models``: one translator, or the server's `Models`."""
 
     def __init__(
         self,
-        translator: Translator,
+        models: Translator | Models,
         max_batch_tokens: int,
         max_wait_ms: float,
         queue_size: int,
         continuous: bool = True,
     ) -> None:
-        self.translator = translator
-        self.translator.show_progress = False
+        self.models = models if isinstance(models, Models) else Models([models])
+        self.translator = self.models.first  # the server's settings
+        for translator in self.models.translators:
+            translator.show_progress = False
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000
         self.queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=queue_size)
@@ -182,9 +205,15 @@ class Batcher:
         self._finished = threading.Event()
         self._lock = threading.Lock()  # submit's check of _closed and its put, against close's
         self._expected = 1  # requests the worker waits for, within max_wait (`_gather`)
-        # None: every request in rounds (another engine, or settings that need whole batches; `continuous_search`)
-        self.search = translator.continuous_search() if continuous else None
-        self._waiting: deque[_Joined] = deque()  # requests for the continuous search, not in it yet
+        # search None: every request in rounds (another engine, or settings that need whole batches;
+        # `continuous_search`); the models share their settings, so all have a search or none
+        self.lanes = [_Lane(t, t.continuous_search() if continuous else None) for t in self.models.translators]
+        self.continuous = self.lanes[0].search is not None
+
+    @property
+    def search(self) -> ContinuousSearch | None:
+        """The first model's running search (the only one of a server of one model), or None."""
+        return self.lanes[0].search
 
     def start(self) -> None:
         """Run the worker (`run`) on a thread of its own."""
@@ -210,7 +239,7 @@ class Batcher:
     def submit(self, job: Job) -> Future:
         """Queue ``job``, encoded once (`encode_job`, whose UserError refuses it here); the future's result is
         one n-best list (``job.nbest`` `Translation`s) per line."""
-        return self._put(_Pending(encode_job(self.translator, job), Future()))
+        return self._put(_Pending(encode_job(self.models, job), Future()))
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the worker thread, between rounds: model work other than translation."""
@@ -238,16 +267,21 @@ class Batcher:
     # -- the worker thread
 
     def _run(self) -> None:
-        if self.search is None:
+        if not self.continuous:
             return self._run_rounds()
         stop = False
-        while not stop or self.search.active or self._waiting:
+        while not stop or self._busy():
             if not stop:
-                stop = self._take(block=not self.search.active and not self._waiting)
-            self._join()
-            if self.search.active:
-                self._step()
+                stop = self._take(block=not self._busy())
+            for lane in self.lanes:
+                self._join(lane)
+                if lane.search.active:
+                    self._step(lane)
         return None
+
+    def _busy(self) -> bool:
+        """Whether a search holds sentences or requests wait to join one."""
+        return any(lane.search.active or lane.waiting for lane in self.lanes)
 
     def _run_rounds(self) -> None:
         stop = False
@@ -284,7 +318,7 @@ class Batcher:
     def _joins(self, pending: _Pending) -> bool:
         """Queue ``pending`` to join the continuous search, if it can: a request with the server's settings."""
         job = pending.job
-        if job is None or not job.joins(self.translator):
+        if job is None or not job.joins(self.lanes[job.lane].translator):
             return False
         if not pending.future.set_running_or_notify_cancel():
             return True  # cancelled: nothing to do
@@ -294,59 +328,59 @@ class Batcher:
         results: list[list[Translation] | None] = [None if ids else empty for ids in sources]
         joined = _Joined(pending, [sources[i] for i in todo], results, len(todo), todo)
         if todo:
-            self._waiting.append(joined)
+            self.lanes[job.lane].waiting.append(joined)
         else:
             self._answer(joined)
         return True
 
-    def _join(self) -> None:
-        """Let the waiting requests join the search, oldest first, while it holds fewer than max_batch_tokens
-        source tokens (one request always: an empty search takes the oldest whatever its length)."""
+    def _join(self, lane: _Lane) -> None:
+        """Let the waiting requests join ``lane``'s search, oldest first, while it holds fewer than
+        max_batch_tokens source tokens (one request always: an empty search takes the oldest whatever its
+        length)."""
         sources: list[list[int]] = []
         keys: list[tuple[_Joined, int]] = []
-        load = self.search.load if self.search is not None else 0
-        while self._waiting and (not load or load + self._waiting[0].tokens <= self.max_batch_tokens):
-            joined = self._waiting.popleft()
+        waiting, load = lane.waiting, lane.search.load
+        while waiting and (not load or load + waiting[0].tokens <= self.max_batch_tokens):
+            joined = waiting.popleft()
             load += joined.tokens
             sources += joined.sources
             keys += [(joined, i) for i in joined.todo]
             joined.sources = []
-        if not sources or self.search is None:
+        if not sources:
             return
         try:
-            self.search.add(sources, keys)
+            lane.search.add(sources, keys)
         except BaseException as err:  # out of memory: the search may hold half of them, so it starts afresh
-            self._fail(err, [key[0] for key in keys])
+            self._fail(err, lane, [key[0] for key in keys])
             return
         self.stats.batches += 1
 
-    def _step(self) -> None:
-        """One step of the search; the requests whose last line is done now get their results. A failed step
-        fails every request in the search, and the worker goes on."""
-        assert self.search is not None
-        active = self.search.active
+    def _step(self, lane: _Lane) -> None:
+        """One step of ``lane``'s search; the requests whose last line is done now get their results. A failed
+        step fails every request in that search, and the worker goes on."""
+        search = lane.search
+        active = search.active
         try:
-            done: list[tuple[Any, list[Hypothesis]]] = self.search.step()
+            done: list[tuple[Any, list[Hypothesis]]] = search.step()
         except BaseException as err:  # the worker must outlive any request: their futures carry the error
-            self._fail(err)
+            self._fail(err, lane)
             return
         self.stats.steps += 1
         self.stats.sentence_steps += active
-        self.stats.active = self.search.active
+        self.stats.active = sum(other.search.active for other in self.lanes)
         for (joined, line), hyps in done:
-            joined.results[line] = self.translator.translations(hyps, joined.pending.job.nbest)
+            joined.results[line] = lane.translator.translations(hyps, joined.pending.job.nbest)
             joined.left -= 1
             if joined.left == 0:
                 self._answer(joined)
-        if not self.search.active:
-            self.translator.freed.release()  # what the search freed goes back to the system while idle
+        if not search.active:
+            lane.translator.freed.release()  # what the search freed goes back to the system while idle
 
-    def _fail(self, err: BaseException, joining: Sequence[_Joined] = ()) -> None:
-        """Give ``err`` to the requests in the search (emptied) and to those ``joining`` it, each once."""
-        assert self.search is not None
+    def _fail(self, err: BaseException, lane: _Lane, joining: Sequence[_Joined] = ()) -> None:
+        """Give ``err`` to the requests in ``lane``'s search (emptied) and to those ``joining`` it, each once."""
         self.stats.errors += 1
-        failed = dict.fromkeys([*(key[0] for key in self.search.clear()), *joining])  # once each, in order
-        self.stats.active = 0
+        failed = dict.fromkeys([*(key[0] for key in lane.search.clear()), *joining])  # once each, in order
+        self.stats.active = sum(other.search.active for other in self.lanes)
         for joined in failed:
             if not joined.pending.future.done():
                 joined.pending.future.set_exception(err)
@@ -384,15 +418,15 @@ class Batcher:
 
     def _translate(self, round_: list[_Pending]) -> None:
         """Each group of one decoding setting in one `translate_lines_nbest` call; calls run on their own."""
-        groups: dict[tuple[tuple[Any, ...], int, bool], list[_Pending]] = {}
+        groups: dict[tuple[int, tuple[Any, ...], int, bool], list[_Pending]] = {}
         for pending in round_:
             if pending.job is None:
                 self._run_call(pending)
             elif pending.future.set_running_or_notify_cancel():
                 job = pending.job
-                key = (dataclasses.astuple(job.translator.cfg.decode), job.nbest, job.phrases is not None)
+                key = (job.lane, dataclasses.astuple(job.translator.cfg.decode), job.nbest, job.phrases is not None)
                 groups.setdefault(key, []).append(pending)
-        for (_, nbest, _), group in groups.items():
+        for (_, _, nbest, _), group in groups.items():
             try:
                 results = self._results([p.job for p in group if p.job is not None], nbest)
             except BaseException as err:  # the worker must outlive any request: its futures carry the error
@@ -412,7 +446,7 @@ class Batcher:
 
     @staticmethod
     def _results(jobs: list[Encoded], nbest: int) -> list[list[Translation]]:
-        """The translations of the lines of ``jobs`` (one decoding setting, the first job's translator), in
+        """The translations of the lines of ``jobs`` (one model and decoding setting, the first job's translator), in
         order, with their forced prefixes or their constraints (`Translator.translate_encoded`)."""
         sources = [ids for job in jobs for ids in job.sources]
         prefixes = phrases = None

@@ -35,6 +35,7 @@ from transformer_mt.config import (
     SEED_MAX,
     Config,
     ConfigError,
+    DataConfig,
     DecodeMode,
     mode_conflict,
     parse_sampling,
@@ -50,6 +51,31 @@ LANGUAGE_NAMES = {
     "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
     "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Languages:
+    """What a server translates: its source and target languages and the pairs among them it answers."""
+
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    pairs: frozenset[tuple[str, str]]
+
+    @classmethod
+    def of(cls, *models: DataConfig) -> Languages:
+        """The languages of the models a server holds (their ``data`` sections). A model of several directions
+        answers every pair of its sources and targets (a pair never trained is translated zero-shot); a
+        bilingual one its pair."""
+        pairs = {(s, t) for data in models for s in sources(data) for t in targets(data) if s != t}
+        return cls(
+            tuple(dict.fromkeys(s for data in models for s in sources(data))),
+            tuple(dict.fromkeys(t for data in models for t in targets(data))),
+            frozenset(pairs),
+        )
+
+    def sources_into(self, target: str) -> list[str]:
+        """The sources the server translates into ``target``, in order."""
+        return [s for s in self.sources if (s, target) in self.pairs]
 
 
 class RequestError(Exception):
@@ -213,10 +239,16 @@ def check_size(lines: list[str], limits: Limits, name: str) -> None:
 
 
 def parse_libre(
-    raw: dict[str, Any], cfg: Config, limits: Limits, detector: LanguageDetector | None = None
+    raw: dict[str, Any],
+    cfg: Config,
+    limits: Limits,
+    detector: LanguageDetector | None = None,
+    langs: Languages | None = None,
 ) -> LibreRequest:
-    """LibreTranslate's ``/translate`` request: ``q`` and a direction this model translates; with ``source:
-    "auto"`` (the default), each text's language as ``detector`` finds it among the model's sources."""
+    """LibreTranslate's ``/translate`` request: ``q`` and a direction the server translates (``langs``, by
+    default ``cfg``'s model's); with ``source: "auto"`` (the default), each text's language as ``detector``
+    finds it among the server's sources, and the job's source is the one they share (None if they differ)."""
+    langs = langs or Languages.of(cfg.data)
     q = raw.get("q")
     if q is None:
         raise RequestError(400, "missing 'q': the text to translate (a string, or a list of strings)", "q")
@@ -224,7 +256,7 @@ def parse_libre(
     texts = [q] if single else q
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise RequestError(400, "'q' must be a string or a list of strings", "q")
-    source, target = check_languages(raw, cfg, "auto")
+    source, target = check_languages(raw, langs, "auto")
     alternatives = raw.get("alternatives", 0)
     if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
         raise RequestError(
@@ -244,10 +276,13 @@ def parse_libre(
     lines = [line for part in split for line in part]
     check_size(lines, limits, "q")
     decode = {"alignment": "soft"} if form == "html" else {}
+    detector = detector or LanguageDetector(list(langs.sources[:1]))
+    detected = None if source is not None else [detector.detect(text) for text in texts]
+    found = {d["language"] for d in detected or []}
+    if source is None and len(found) == 1 and found <= set(langs.sources_into(target)):
+        source = found.pop()  # where several models translate into the target, the source chooses among them
     job = Job(lines, nbest=alternatives + 1, decode=decode, languages=(source, target))
     documents = texts if form == "html" else None
-    detector = detector or LanguageDetector(sources(cfg.data)[:1])
-    detected = None if source is not None else [detector.detect(text) for text in texts]
     return LibreRequest(job, [len(part) for part in split], single, alternatives, detected, documents)
 
 
@@ -262,11 +297,11 @@ def _segments(documents: list[str]) -> list[list[str]]:
         raise RequestError(400, "the HTML nests elements too deeply; send a flatter document", "q") from None
 
 
-def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple[str | None, str]:
-    """A request's ``source`` and ``target``, refused unless the model translates from and into them; the source
-    is None for ``auto`` (any of the model's: the server detects it). ``target`` may be left out for a model of
+def check_languages(raw: dict[str, Any], langs: Languages, auto: str | None) -> tuple[str | None, str]:
+    """A request's ``source`` and ``target``, refused unless the server translates the one into the other; the
+    source is None for ``auto`` (any of the server's: it detects it). ``target`` may be left out for a server of
     one target; ``auto``: what a missing source means ("auto" for LibreTranslate's API, None for tmt's)."""
-    froms, intos = sources(cfg.data), targets(cfg.data)
+    froms, intos = langs.sources, langs.targets
     source, target = raw.get("source", auto), raw.get("target", intos[0] if len(intos) == 1 else None)
     if source not in (*froms, "auto", None):
         raise RequestError(
@@ -280,6 +315,12 @@ def check_languages(raw: dict[str, Any], cfg: Config, auto: str | None) -> tuple
         )  # fmt: skip
     if source == target:
         raise RequestError(400, f"'source' and 'target' are both {source!r}: choose two languages", "target")
+    if source not in ("auto", None) and (source, target) not in langs.pairs:
+        into = ", ".join(repr(t) for t in intos if (source, t) in langs.pairs)
+        raise RequestError(
+            400, f"this server does not translate {source!r} into {target!r}; from {source!r} it translates into "
+            f"{into}", "target",
+        )  # fmt: skip
     return (None if source in ("auto", None) else source), target
 
 
@@ -308,10 +349,16 @@ def _text(request: LibreRequest, k: int, part: list[list[Translation]], rank: in
 
 
 def parse_v1(
-    raw: dict[str, Any], cfg: Config, limits: Limits, engine: str = "pytorch", ensemble: bool = False
+    raw: dict[str, Any],
+    cfg: Config,
+    limits: Limits,
+    engine: str = "pytorch",
+    ensemble: bool = False,
+    langs: Languages | None = None,
 ) -> V1Request:
     """tmt's ``/v1/translate`` request: ``sources`` (single lines) and optional decoding settings, refused
-    when they do not combine on this server's ``engine`` (or ``ensemble``), as `mode_conflict` rules."""
+    when they do not combine on this server's ``engine`` (or ``ensemble``), as `mode_conflict` rules; a
+    direction of ``langs`` (by default ``cfg``'s model's)."""
     sources = raw.get("sources")
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise RequestError(400, "'sources' must be a list of strings, one line each", "sources")
@@ -363,7 +410,7 @@ def parse_v1(
     conflict = mode_conflict(mode, API_NAMES)
     if conflict is not None:
         raise RequestError(400, conflict[1], conflict[0])
-    languages = check_languages(raw, cfg, None)
+    languages = check_languages(raw, langs or Languages.of(cfg.data), None)
     job = Job(list(sources), nbest, decode, prefixes, constraints, languages)
     return V1Request(job)
 
@@ -438,12 +485,12 @@ def _number(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def languages(cfg: Config) -> list[dict[str, Any]]:
-    """LibreTranslate's ``/languages``: each language of the model with the targets it translates into (every
-    target of the model but itself: a pair never trained is translated zero-shot); a target only, with none."""
-    froms, intos = sources(cfg.data), targets(cfg.data)
+def languages(langs: Languages) -> list[dict[str, Any]]:
+    """LibreTranslate's ``/languages``: each language of the server with the targets it translates into (for a
+    model of several directions every target but itself: a pair never trained is translated zero-shot); a
+    target only, with none."""
     return [
         {"code": lang, "name": LANGUAGE_NAMES.get(lang, lang),
-         "targets": [t for t in intos if t != lang] if lang in froms else []}
-        for lang in dict.fromkeys([*froms, *intos])
+         "targets": [t for t in langs.targets if (lang, t) in langs.pairs]}
+        for lang in dict.fromkeys([*langs.sources, *langs.targets])
     ]  # fmt: skip
