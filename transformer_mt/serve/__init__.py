@@ -66,8 +66,8 @@ def serve(
     log_format: str = "text",
 ) -> None:
     """Load the models (`model_groups`), then serve them until SIGTERM or Ctrl-C; in-flight requests are
-    answered before exit. ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per client address (0:
-    none); ``log_format``: the access log's, on stderr."""
+    answered before exit. ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per
+    client address (0: none); ``log_format``: the access log's, on stderr."""
     require_web_stack()
     import uvicorn
 
