@@ -25,9 +25,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformer_mt.errors import UserError
+
+if TYPE_CHECKING:
+    from transformer_mt.serve.models import Models
 
 HEADER_TIMEOUT_S = 10  # the longest a request's line and headers may take to arrive: docs/serving.md, "Limits"
 
@@ -71,12 +74,9 @@ def serve(
     require_web_stack()
     import uvicorn
 
-    from transformer_mt.data.directions import directions
-    from transformer_mt.decode.translate import load_translator
     from transformer_mt.serve.app import ServerInfo, build_app
     from transformer_mt.serve.batcher import Batcher
     from transformer_mt.serve.keys import Policy, read_keys
-    from transformer_mt.serve.models import Models
     from transformer_mt.serve.protocol import Limits
 
     check_options(max_wait_ms, {"--queue": queue_size, "--max-lines": max_lines, "--max-chars": max_chars},
@@ -85,22 +85,15 @@ def serve(
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
     groups = model_groups(checkpoints, engine)
-    models = Models(
-        [load_translator(group, engine, False, device, overrides, languages=None) for group in groups],
-        [public_name(group) for group in groups],
-    )  # a direction per request
+    models = load_models(groups, engine, device, overrides)
     d = models.first.cfg.decode
     batcher = Batcher(models, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(public_name(checkpoints), engine, str(models.first.device), d.quantize, threads)
     app = build_app(
         batcher, info, limits, False, policy, log=_stderr_line, log_format=log_format, cors_origins=cors_origins
     )
-    served = "; ".join(
-        f"{', '.join(map(str, group))} ({', '.join(w.name for w in directions(t.cfg.data))})"
-        for group, t in zip(groups, models.translators, strict=True)
-    )
     print(
-        f"serving {served} ({engine}, {info.device}, threads {threads or 'as torch chose'}) on "
+        f"serving {served(groups, models)} ({engine}, {info.device}, threads {threads or 'as torch chose'}) on "
         f"http://{host}:{sock.getsockname()[1]} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
@@ -110,6 +103,28 @@ def serve(
         http=slow_client_protocol(HEADER_TIMEOUT_S),
     )  # fmt: skip
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
+
+
+def load_models(groups: list[list[str | Path]], engine: str, device: str | None, overrides: Sequence[str]) -> Models:
+    """The `Models` of ``groups`` (`model_groups`), each loaded as `tmt translate` loads its -c, a direction
+    chosen per request."""
+    from transformer_mt.decode.translate import load_translator
+    from transformer_mt.serve.models import Models
+
+    return Models(
+        [load_translator(group, engine, False, device, overrides, languages=None) for group in groups],
+        [public_name(group) for group in groups],
+    )
+
+
+def served(groups: list[list[str | Path]], models: Models) -> str:
+    """What the start line says is served: each model's checkpoints and directions."""
+    from transformer_mt.data.directions import directions
+
+    return "; ".join(
+        f"{', '.join(map(str, group))} ({', '.join(w.name for w in directions(t.cfg.data))})"
+        for group, t in zip(groups, models.translators, strict=True)
+    )
 
 
 def model_groups(checkpoints: Sequence[str | Path], engine: str) -> list[list[str | Path]]:

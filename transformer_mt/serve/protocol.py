@@ -359,15 +359,7 @@ def parse_v1(
     """tmt's ``/v1/translate`` request: ``sources`` (single lines) and optional decoding settings, refused
     when they do not combine on this server's ``engine`` (or ``ensemble``), as `mode_conflict` rules; a
     direction of ``langs`` (by default ``cfg``'s model's)."""
-    sources = raw.get("sources")
-    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
-        raise RequestError(400, "'sources' must be a list of strings, one line each", "sources")
-    for i, source in enumerate(sources):
-        if "\n" in source or "\r" in source:
-            raise RequestError(
-                400, f"sources[{i}] holds a line break; send each line as its own source", f"sources[{i}]"
-            )
-    check_size(sources, limits, "sources")
+    sources = _v1_sources(raw, limits)
     unknown = sorted(set(raw) - set(V1_FIELDS))
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}; known: {', '.join(V1_FIELDS)}", unknown[0])
@@ -413,6 +405,20 @@ def parse_v1(
     languages = check_languages(raw, langs or Languages.of(cfg.data), None)
     job = Job(list(sources), nbest, decode, prefixes, constraints, languages)
     return V1Request(job)
+
+
+def _v1_sources(raw: dict[str, Any], limits: Limits) -> list[str]:
+    """``sources``: a list of single lines within ``limits``."""
+    sources = raw.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise RequestError(400, "'sources' must be a list of strings, one line each", "sources")
+    for i, source in enumerate(sources):
+        if "\n" in source or "\r" in source:
+            raise RequestError(
+                400, f"sources[{i}] holds a line break; send each line as its own source", f"sources[{i}]"
+            )
+    check_size(sources, limits, "sources")
+    return sources
 
 
 V1_FIELDS = (
