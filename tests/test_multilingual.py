@@ -496,9 +496,13 @@ def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: 
     ck = trained / "checkpoint_u0000012.pt"
     line = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[0]
     want = Translator.from_checkpoints([ck], device="cpu").toward("en", "fr").translate_lines([line])[0]
+    driver = _browser()  # first: without Chromium the test is skipped here, before a server is started
     port = _free_port()
-    proc = _start(ck, port)
-    driver = _browser()
+    try:
+        proc = _start(ck, port)
+    except BaseException:
+        driver.quit()
+        raise
     try:
         driver.get(f"http://127.0.0.1:{port}/")
         wait = WebDriverWait(driver, 60)
