@@ -22,7 +22,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -397,3 +398,22 @@ def browser() -> Any:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@contextmanager
+def browser_and_server(checkpoint: Path, port: int, *args: str) -> Iterator[Any]:
+    """A browser and a real `tmt serve` (`start_server`) on ``port``: the browser first, so that a machine without
+    Chromium skips before a server is started; the driver, then a server that stops cleanly, no traceback."""
+    driver = browser()
+    try:
+        proc = start_server(checkpoint, port, *args)
+    except BaseException:
+        driver.quit()
+        raise
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "Traceback" not in output, output

@@ -483,11 +483,8 @@ def test_word_alignments_count_the_words_of_the_text_not_the_tag(trained: Path, 
 @pytest.mark.slow
 def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: Path) -> None:
     """A real `tmt serve` of the model of several directions and a real browser: pick French, translate."""
-    import signal
-
     from conftest import _free_port
-    from helpers import browser as _browser
-    from helpers import start_server as _start
+    from helpers import browser_and_server
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -496,26 +493,21 @@ def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: 
     ck = trained / "checkpoint_u0000012.pt"
     line = (corpus / "c" / "test.en").read_text(encoding="utf-8").splitlines()[0]
     want = Translator.from_checkpoints([ck], device="cpu").toward("en", "fr").translate_lines([line])[0]
-    driver = _browser()  # first: without Chromium the test is skipped here, before a server is started
     port = _free_port()
-    try:
-        proc = _start(ck, port)
-    except BaseException:
-        driver.quit()
-        raise
-    try:
+    with browser_and_server(ck, port) as driver:
         driver.get(f"http://127.0.0.1:{port}/")
         wait = WebDriverWait(driver, 60)
         wait.until(lambda d: "directions en-de, de-en, en-fr" in d.find_element(By.ID, "model").text)
-        Select(driver.find_element(By.ID, "target")).select_by_value("fr")
+        target, source = Select(driver.find_element(By.ID, "target")), Select(driver.find_element(By.ID, "source-lang"))
+        target.select_by_value("de")
+        source.select_by_value("de")  # German chosen: not into German, which the page leaves
+        assert target.first_selected_option.get_attribute("value") == "en"
+        assert [o.get_attribute("value") for o in target.options if not o.is_enabled()] == ["de"]
+        source.select_by_value("auto")
+        target.select_by_value("fr")
         driver.find_element(By.ID, "source").send_keys(line)
         driver.find_element(By.ID, "translate").click()
         wait.until(lambda d: d.find_element(By.ID, "output").text.strip() or d.find_element(By.ID, "error").text)
         assert driver.find_element(By.ID, "error").text == ""
         assert driver.find_element(By.ID, "output").text == want.strip()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap td"))  # the attention toward French
-    finally:
-        driver.quit()
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0 and "Traceback" not in output, output

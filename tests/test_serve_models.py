@@ -180,3 +180,31 @@ def test_tmt_serve_holds_several_models(checkpoints, alone, prepared_toy, tmp_pa
         out = proc.communicate(timeout=60)[0]
     assert f"serving {checkpoints['en-de']}, {twin} (en-de); {checkpoints['de-en']} (de-en)" in out
     assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_the_demo_page_chooses_the_model_by_the_source(checkpoints, alone, free_port) -> None:
+    """A real `tmt serve` of de-en and fr-en and a real browser: German text left to detection is de-en's
+    translation, the language found shown; French chosen by hand is fr-en's, nothing detected."""
+    from helpers import browser_and_server
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    port = free_port()
+    with browser_and_server(checkpoints["de-en"], port, "-c", str(checkpoints["fr-en"])) as driver:
+        driver.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "directions de-en, fr-en" in d.find_element(By.ID, "model").text)
+        assert driver.find_element(By.ID, "source-choice").is_displayed()
+        for chosen, text, pair, shown in (("auto", GERMAN[0], "de-en", "detected: German (de)"),
+                                          ("fr", FRENCH[0], "fr-en", "")):  # fmt: skip
+            Select(driver.find_element(By.ID, "source-lang")).select_by_value(chosen)
+            driver.find_element(By.ID, "source").clear()
+            driver.find_element(By.ID, "source").send_keys(text)
+            driver.execute_script("document.getElementById('output').textContent = ''")
+            driver.find_element(By.ID, "translate").click()
+            wait.until(lambda d: d.find_element(By.ID, "output").text.strip() or d.find_element(By.ID, "error").text)
+            assert driver.find_element(By.ID, "error").text == ""
+            assert driver.find_element(By.ID, "output").text == alone[pair].translate_lines([text])[0].strip(), pair
+            assert driver.find_element(By.ID, "detected").text == shown
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap td"))  # the attention of that model
