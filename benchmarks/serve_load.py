@@ -23,6 +23,16 @@ the sentences its continuous search held per step (from ``GET /health``).
     python benchmarks/serve_load.py -c CK --text FILE --quantize int8 --clients 1 8 32
     python benchmarks/serve_load.py -c CK --text FILE --replicas 2 --clients 32   # two servers, clients spread
 
+A model of several directions: ``--directions en-de de-en en-fr ...`` with ``--text`` a prefix
+(``../shared/data/multi30k/test`` reads test.en, test.de, ...) measures two workloads on the same lines, in
+the same run: line i of the first direction alone ("en-de"), and line i in direction i mod N ("mixed": the
+same captions, 4-way parallel, spread over the directions, each request naming its ``source`` and ``target``).
+Their ratio is what spreading the clients over the directions costs the one running search; offline is each
+workload translated a direction at a time:
+
+    python benchmarks/serve_load.py -c runs/multi30k_multilingual/average.pt --text ../shared/data/multi30k/test \
+        --directions en-de de-en en-fr fr-en en-cs cs-en --clients 32
+
 With ``--replicas N`` every client count is spread over N servers on their own ports, as a round-robin balancer
 would (their counters summed, their peaks added).
 
@@ -136,21 +146,44 @@ def start_server(args: argparse.Namespace, port: int, variant: Variant, log: Pat
     raise SystemExit(f"tmt serve ({variant.name}) did not start: {log.read_text()}")
 
 
-def offline(args: argparse.Namespace, lines: list[str]) -> tuple[dict[str, str], float, float]:
-    """The offline translation of each line, offline sentences/s, and the median latency of a line alone."""
+Item = tuple[str | None, str | None, str]  # a request's source and target (None: the model's one pair) and line
+
+
+def workloads(args: argparse.Namespace) -> dict[str, list[Item]]:
+    """What the clients send: ``--text``'s lines (""), or with ``--directions`` the first direction alone and
+    the mixed workload, on the same line numbers of ``--text``.{src} (see the module's docstring)."""
+    if not args.directions:
+        return {"": [(None, None, line) for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]}
+    pairs = [tuple(d.split("-")) for d in args.directions]
+    text = {src: Path(f"{args.text}.{src}").read_text(encoding="utf-8").splitlines() for src, _ in pairs}
+    rows = [i for i in range(min(map(len, text.values()))) if all(text[src][i].strip() for src, _ in pairs)]
+    (src, tgt) = pairs[0]
+    mixed = [(pairs[i % len(pairs)][0], pairs[i % len(pairs)][1], text[pairs[i % len(pairs)][0]][i]) for i in rows]
+    return {f"{src}-{tgt}": [(src, tgt, text[src][i]) for i in rows], "mixed": mixed}
+
+
+def offline(args: argparse.Namespace, work: dict[str, list[Item]]) -> tuple[dict[Item, str], dict[str, float], float]:
+    """Each workload's offline translations (per item) and sentences/s, a direction at a time, and the median
+    latency of a line of the first workload alone."""
     overrides = decode_flags(quantize=args.quantize, batch_tokens=args.max_batch_tokens)
     translator = Translator.from_checkpoints([args.checkpoint], device="cpu", overrides=overrides)
     translator.show_progress = False
-    translator.translate_lines(lines[:8])  # warm-up
-    start = time.perf_counter()
-    outputs = translator.translate_lines(lines)
-    rate = len(lines) / (time.perf_counter() - start)
-    times = []
-    for line in lines[: args.alone]:
+    first = next(iter(work.values()))
+    toward = lambda src, tgt: translator.toward(src, tgt) if tgt else translator  # noqa: E731
+    toward(*first[0][:2]).translate_lines([line for *_, line in first[:8]])  # warm-up
+    expected, rates = {}, {}
+    for name, items in work.items():
         start = time.perf_counter()
-        translator.translate_lines([line])
+        for src, tgt in dict.fromkeys((src, tgt) for src, tgt, _ in items):
+            chosen = [item for item in items if item[:2] == (src, tgt)]
+            expected.update(zip(chosen, toward(src, tgt).translate_lines([line for *_, line in chosen]), strict=True))
+        rates[name] = len(items) / (time.perf_counter() - start)
+    times = []
+    for src, tgt, line in first[: args.alone]:
+        start = time.perf_counter()
+        toward(src, tgt).translate_lines([line])
         times.append(time.perf_counter() - start)
-    return dict(zip(lines, outputs, strict=True)), rate, statistics.median(times)
+    return expected, rates, statistics.median(times)
 
 
 def totals(ports: list[int]) -> dict[str, int]:
@@ -160,10 +193,10 @@ def totals(ports: list[int]) -> dict[str, int]:
 
 
 def run_clients(
-    ports: list[int], lines: list[str], clients: int, expected: dict[str, str], deadline: float,
+    ports: list[int], items: list[Item], clients: int, expected: dict[Item, str], deadline: float,
     keys: list[str] | None = None,
 ) -> dict:  # fmt: skip
-    """``clients`` threads share ``lines``, one request per line, client i sending to ``ports[i % len(ports)]``
+    """``clients`` threads share ``items``, one request per line (its source and target named, if any), client i sending to ``ports[i % len(ports)]``
     (replicas behind a round-robin balancer), with ``keys[i]`` as its ``api_key`` when keys are given;
     latencies, wrong and lost answers, and the mean lines per round of the servers' workers (from `GET /health`
     before and after)."""
@@ -171,7 +204,7 @@ def run_clients(
     latencies: list[float] = []
     wrong = lost = 0
     lock = threading.Lock()
-    todo = iter(range(len(lines)))
+    todo = iter(range(len(items)))
 
     def client(port: int, key: str | None) -> None:
         nonlocal wrong, lost
@@ -181,7 +214,9 @@ def run_clients(
                 i = next(todo, None)
             if i is None:
                 return
-            body = json.dumps({"q": lines[i], "source": "auto", **({"api_key": key} if key else {})})
+            src, tgt, line = items[i]
+            languages = {"source": src or "auto", **({"target": tgt} if tgt else {})}
+            body = json.dumps({"q": line, **languages, **({"api_key": key} if key else {})})
             start = time.perf_counter()
             try:
                 conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
@@ -195,7 +230,7 @@ def run_clients(
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
-                if response.status != 200 or answer.get("translatedText") != expected[lines[i]]:
+                if response.status != 200 or answer.get("translatedText") != expected[items[i]]:
                     wrong += 1
 
     threads = [
@@ -249,51 +284,72 @@ def main() -> None:
     parser.add_argument("--keys", action="store_true", help="--api-keys with one key per client, each sent")
     parser.add_argument("--baseline-src", type=Path, default=None, help="also measure the server of this checkout")
     parser.add_argument("--rounds", type=int, default=1, help="times each server is measured, in turn")
+    parser.add_argument("--directions", nargs="+", default=[], help="a model of several: --text is a prefix")
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline
-    lines = [line for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]
-    expected, offline_rate, alone_s = offline(args, lines)
+    work = workloads(args)
+    expected, offline_rates, alone_s = offline(args, work)
     torch.set_num_threads(1)  # the clients' process: leave the cores to the server
     with tempfile.TemporaryDirectory() as folder:
         kinds = variants(args, Path(folder))
-        rows, rss = measure(args, kinds, lines, expected, deadline, Path(folder))
+        rows, rss = measure(args, kinds, work, expected, deadline, Path(folder))
     exits = {kind.name: [s.returncode for s in kind.servers] for kind in kinds}
-    print(f"offline: {offline_rate:.1f} sentences/s over {len(lines)} lines; one line alone: p50 "
+    rates = ", ".join(f"{name or 'the text'} {rate:.1f}" for name, rate in offline_rates.items())
+    print(f"offline sentences/s: {rates}, over {len(next(iter(work.values())))} lines; one line alone: p50 "
           f"{1000 * alone_s:.1f} ms; {args.replicas} server(s) each, exit {exits}, peak RSS "
           f"{', '.join(f'{name} {mib:.0f}' for name, mib in rss.items())} MiB in all")  # fmt: skip
     print(
-        "| server | clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step | answered "
-        "| wrong | lost |"
+        "| server | workload | clients | sentences/s | vs offline | p50 ms | p99 ms | p50 vs alone | sentences/step "
+        "| answered | wrong | lost |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['server']} | {r['clients']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / offline_rate:.2f}x | "
-              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / 1000 / alone_s:.2f}x | {r['sentences_per_step']:.1f} | {r['answered']} | "
+        print(f"| {r['server']} | {r['workload'] or 'the text'} | {r['clients']} | {r['sentences_per_s']:.1f} | "
+              f"{r['sentences_per_s'] / offline_rates[r['workload']]:.2f}x | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+              f"{r['p50_ms'] / 1000 / alone_s:.2f}x | {r['sentences_per_step']:.1f} | {r['answered']} | "
               f"{r['wrong']} | {r['lost']} |")  # fmt: skip
-    if args.baseline_src:
-        for n in args.clients:
-            mean = {kind: statistics.mean(r["sentences_per_s"] for r in rows if (r["server"], r["clients"]) == (kind, n))
-                    for kind in ("before", "after")}  # fmt: skip
-            print(f"{n} clients: after / before = {mean['after'] / mean['before']:.3f} "
-                  f"(mean of {args.rounds} rounds: {mean['after']:.1f} / {mean['before']:.1f} sentences/s)")  # fmt: skip
+    compare(args, rows, list(work))
     if args.json:
-        args.json.write_text(json.dumps({"offline_sentences_per_s": offline_rate, "alone_p50_s": alone_s,
+        args.json.write_text(json.dumps({"offline_sentences_per_s": offline_rates, "alone_p50_s": alone_s,
                                          "server_peak_rss_mib": rss, "rows": rows}, indent=1))  # fmt: skip
 
 
+def compare(args: argparse.Namespace, rows: list[dict], names: list[str]) -> None:
+    """The ratios asked for: after / before (``--baseline-src``) and mixed / one direction (``--directions``),
+    each the mean over the rounds."""
+
+    def mean(server: str, workload: str, n: int) -> float:
+        found = [
+            r["sentences_per_s"] for r in rows if (r["server"], r["workload"], r["clients"]) == (server, workload, n)
+        ]
+        return statistics.mean(found)
+
+    for n in args.clients:
+        if args.baseline_src:
+            after, before = (mean(kind, names[0], n) for kind in ("after", "before"))
+            print(f"{n} clients: after / before = {after / before:.3f} "
+                  f"(mean of {args.rounds} rounds: {after:.1f} / {before:.1f} sentences/s)")  # fmt: skip
+        if args.directions:
+            server = "after" if args.baseline_src else "server"
+            one, mixed = (mean(server, name, n) for name in names)
+            print(f"{n} clients: mixed / {names[0]} = {mixed / one:.3f} "
+                  f"(mean of {args.rounds} rounds: {mixed:.1f} / {one:.1f} sentences/s)")  # fmt: skip
+
+
 def measure(
-    args: argparse.Namespace, kinds: list[Variant], lines: list[str], expected: dict[str, str], deadline: float,
-    folder: Path,
+    args: argparse.Namespace, kinds: list[Variant], work: dict[str, list[Item]], expected: dict[Item, str],
+    deadline: float, folder: Path,
 ) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
-    """Every server of ``kinds`` started (the idle ones wait without using the cores), then each client count
-    measured on each kind in turn, ``--rounds`` times; the rows, and each kind's peak memory; all stopped."""
+    """Every server of ``kinds`` started (the idle ones wait without using the cores), then each workload and
+    client count measured on each kind in turn, ``--rounds`` times; the rows, and each kind's peak memory; all stopped."""
     try:
         for kind in kinds:
             kind.ports = [free_port() for _ in range(args.replicas)]
             kind.servers = [start_server(args, port, kind, folder / f"{kind.name}-{port}.log") for port in kind.ports]
         rows = [
-            {"server": kind.name, **run_clients(kind.ports, lines, n, expected, deadline, kind.keys)}
+            {"server": kind.name, "workload": name, **run_clients(kind.ports, items, n, expected, deadline, kind.keys)}
             for _ in range(args.rounds)
+            for name, items in work.items()
             for n in args.clients
             for kind in kinds
         ]

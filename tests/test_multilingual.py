@@ -397,6 +397,27 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     assert "| de-fr |" in done.stdout
 
 
+@pytest.mark.slow
+def test_the_serving_benchmark_spreads_clients_over_the_directions(trained: Path, corpus: Path, tmp_path: Path) -> None:
+    """benchmarks/serve_load.py --directions: the first direction alone and the mixed workload, every answer that
+    direction's own translation (none wrong, none lost), and their ratio printed."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "-c", str(trained / "checkpoint_u0000012.pt"), "--text", str(corpus / "c" / "test"),
+         "--directions", *DIRECTIONS, "--clients", "3", "--alone", "2", "--json", str(tmp_path / "load.json")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "load.json").read_text(encoding="utf-8"))["rows"]
+    assert [(r["workload"], r["answered"], r["wrong"], r["lost"]) for r in rows] == [
+        (DIRECTIONS[0], 24, 0, 0), ("mixed", 24, 0, 0),
+    ]  # fmt: skip
+    assert f"3 clients: mixed / {DIRECTIONS[0]} = " in done.stdout
+
+
 def test_evaluate_scores_every_direction_into_its_own_directory(
     trained: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
