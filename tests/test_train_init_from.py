@@ -178,3 +178,30 @@ def test_export_spm_keeps_an_equal_file_and_refuses_another_without_force(parent
     assert two.exit_code == 2 and "takes one -c (got 2)" in two.output
     unknown = runner.invoke(app, ["export", "onnx", "-c", str(parent), "-o", str(out)])
     assert unknown.exit_code == 2 and "known: ctranslate2, hf, spm" in unknown.output
+
+
+def test_an_encoder_that_gives_one_output_everywhere_is_a_warning_at_validation(
+    prepared_toy: Config, parent: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model whose encoder ignores its source (its last LayerNorm made a constant, as a too-high learning rate
+    leaves it) is named at validation, with the fix; the parent, which reads its source, is not."""
+    from transformer_mt.model.transformer import Transformer
+    from transformer_mt.train.validation import COLLAPSED, encoder_spread
+
+    state = load_state(parent)
+    model = Transformer(prepared_toy.model, state["model"]["embed.weight"].shape[0])
+    model.load_state_dict(state["model"])
+    valid = ParallelDataset(prepared_toy.data.dir, "valid", prepared_toy.data.src_lang, prepared_toy.data.tgt_lang)
+    assert encoder_spread(model, valid, torch.device("cpu"), 256) > 100 * COLLAPSED
+    with torch.no_grad():
+        last = model.encoder_norm or model.encoder[-1].norm2  # the encoder's last LayerNorm (pre- or post-norm)
+        last.weight.zero_()
+        last.bias.normal_()
+    assert encoder_spread(model, valid, torch.device("cpu"), 256) < COLLAPSED
+    collapsed = tmp_path / "collapsed.pt"
+    save_state(collapsed, {**state, "model": model.state_dict()})
+    for start, warned in ((parent, False), (collapsed, True)):
+        train_model(_cfg(prepared_toy, tmp_path / start.stem, max_updates=1, init_from=str(start), lr=1e-9))
+        err = capsys.readouterr().err
+        assert ("the encoder gives the same output at every source position" in err) is warned, err
+        assert ("start again with a lower train.lr" in err) is warned

@@ -107,7 +107,8 @@ class ValidRecord(Record):
 
 @dataclass
 class WarningRecord(Record):
-    """A warning the run printed, by ``reason`` (``warmup``, ``unconverged``, ``emulated_bf16``)."""
+    """A warning the run printed, by ``reason`` (``warmup``, ``unconverged``, ``emulated_bf16``,
+    ``collapsed_encoder``)."""
 
     KIND: ClassVar[str] = "warning"
     update: int

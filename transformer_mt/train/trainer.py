@@ -45,7 +45,7 @@ from transformer_mt.train.run_lock import hold_run_dir
 from transformer_mt.train.run_log import RunLog, Window, final_warnings
 from transformer_mt.train.schedule import Schedule
 from transformer_mt.train.step import UpdateStats, accumulate_gradients, apply_gradients
-from transformer_mt.train.validation import ValidBleu, record_validation, validate_directions
+from transformer_mt.train.validation import ValidBleu, collapse_warning, record_validation, validate_directions
 
 
 @dataclass
@@ -189,11 +189,9 @@ class Trainer:
     def _settle(self) -> None:
         """Read the device's figures of the updates since the last metric line, and uncount those it skipped.
 
-        Only a stepper that defers host synchronization leaves anything to read:
-        it counts every update as taken and the device skips a non-finite one,
-        so the host learns of a skip here, at the next log line, validation,
-        checkpoint or update limit. Until then the learning rate runs one
-        update ahead per unseen skip.
+        Only a stepper that defers host synchronization leaves anything to read: it counts every update as taken
+        and the device skips a non-finite one, so the host learns of a skip here, at the next log line, validation,
+        checkpoint or update limit. Until then the learning rate runs one update ahead per unseen skip.
         """
         skipped, worst_run = self.window.settle()
         self.progress.update -= skipped
@@ -240,6 +238,8 @@ class Trainer:
         improved = record_validation(p, loss, nll, bleu, tc.best_metric)
         if self.log.files is not None:
             self.log.valid(p, loss, nll, bleu, self.budget.minutes(), by_direction)
+            if collapsed := collapse_warning(self.stepper.module, self.data, self.env.device, p.update, tc.lr):
+                self.log.warn("collapsed_encoder", p.update, collapsed)
         if improved:
             self._save(best=True)
         if tc.patience > 0 and p.stale_validations >= tc.patience and not self.stop_reason:

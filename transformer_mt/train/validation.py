@@ -155,6 +155,52 @@ def validate_directions(
     return loss, nll, {name: {"loss": lo, "nll": nl, "ppl": perplexity(nl)} for name, (lo, nl) in each.items()}
 
 
+# `encoder_spread` below this: one vector whatever the source. Measured on Multi30k: collapsed 1e-8 to 4e-7, a
+# model that reads its source 0.01 (near the learning rate's peak) to 0.09 (a bilingual model at its end).
+COLLAPSED = 1e-4
+
+
+@torch.no_grad()
+def encoder_spread(
+    module: nn.Module, ds: ParallelDataset | CorpusMix, device: torch.device, max_len: int, sentences: int = 16
+) -> float:
+    """How much the encoder's output varies over the positions of a sentence, relative to its size: the largest
+    of the first ``sentences`` validation sentences that validation takes (at most ``max_len`` tokens; each: the
+    mean over features of the standard deviation over positions, over the mean norm). An encoder that has collapsed gives the same vector at every position of
+    every source (`COLLAPSED`): the decoder then learns its targets from nothing but their own prefix (and a
+    target tag), a model that ignores the source and whose loss still falls. Too high a learning rate does it
+    (benchmarks/README.md, "Several languages"); the validation loss alone does not show it."""
+    indices = [i for i in range(min(len(ds), 4 * sentences)) if 2 < ds.src_lens[i] <= max_len][:sentences]
+    if not indices:
+        return float("inf")  # nothing to measure: never a false alarm
+    was_training = module.training
+    module.eval()
+    try:
+        src = collate(ds, indices).src.to(device)
+        memory = module.encode(src).memory.float()  # (B, S, D)
+    finally:
+        module.train(was_training)
+    spreads = []
+    for row, length in zip(memory, src.ne(module.pad_id).sum(1).tolist(), strict=True):
+        real = row[:length]  # (L, D): right-padded
+        spreads.append(float(real.std(0).mean() / real.norm(dim=-1).mean().clamp_min(1e-12)))
+    return max(spreads)
+
+
+def collapse_warning(module: nn.Module, data: RunData, device: torch.device, update: int, lr: float) -> str | None:
+    """The ``collapsed_encoder`` warning when `encoder_spread` finds the encoder collapsed, else None: the run
+    goes on, its user decides."""
+    spread = encoder_spread(module, data.valid, device, data.max_len)
+    if spread >= COLLAPSED:
+        return None
+    return (
+        f"at update {update} the encoder gives the same output at every source position (relative spread "
+        f"{spread:.1e}; a model that reads its source: 0.01 or more): this model ignores its source and will "
+        f"translate every sentence alike. Too high a learning rate does this: start again with a lower train.lr "
+        f"(now {lr:g}; the Multi30k configs: 0.001)"
+    )
+
+
 class ValidBleu:
     """Validation BLEU (train.valid_bleu_sentences): `tmt evaluate`'s figure for the model being trained."""
 
