@@ -205,3 +205,5 @@ def test_an_encoder_that_gives_one_output_everywhere_is_a_warning_at_validation(
         err = capsys.readouterr().err
         assert ("the encoder gives the same output at every source position" in err) is warned, err
         assert ("start again with a lower train.lr" in err) is warned
+        reasons = [r["reason"] for r in metric_records(tmp_path / start.stem) if r["kind"] == "warning"]
+        assert ("collapsed_encoder" in reasons) is warned, reasons

@@ -166,10 +166,13 @@ def encoder_spread(
 ) -> float:
     """How much the encoder's output varies over the positions of a sentence, relative to its size: the largest
     of the first ``sentences`` validation sentences that validation takes (at most ``max_len`` tokens; each: the
-    mean over features of the standard deviation over positions, over the mean norm). An encoder that has collapsed gives the same vector at every position of
-    every source (`COLLAPSED`): the decoder then learns its targets from nothing but their own prefix (and a
-    target tag), a model that ignores the source and whose loss still falls. Too high a learning rate does it
-    (benchmarks/README.md, "Several languages"); the validation loss alone does not show it."""
+    mean over features of the standard deviation over positions, over the mean norm).
+
+    An encoder that has collapsed gives the same vector at every position of every source (`COLLAPSED`): the
+    decoder then learns its targets from nothing but their own prefix (and a target tag), a model that ignores
+    the source and whose loss still falls. Too high a learning rate does it (benchmarks/README.md, "Several
+    languages"); the validation loss alone does not show it.
+    """
     indices = [i for i in range(min(len(ds), 4 * sentences)) if 2 < ds.src_lens[i] <= max_len][:sentences]
     if not indices:
         return float("inf")  # nothing to measure: never a false alarm
