@@ -72,6 +72,7 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt.data.directions import Direction
 from transformer_mt.decode.load import decode_flags
 from transformer_mt.decode.translate import Translator
 
@@ -154,12 +155,11 @@ def workloads(args: argparse.Namespace) -> dict[str, list[Item]]:
     the mixed workload, on the same line numbers of ``--text``.{src} (see the module's docstring)."""
     if not args.directions:
         return {"": [(None, None, line) for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]}
-    pairs = [tuple(d.split("-")) for d in args.directions]
-    text = {src: Path(f"{args.text}.{src}").read_text(encoding="utf-8").splitlines() for src, _ in pairs}
-    rows = [i for i in range(min(map(len, text.values()))) if all(text[src][i].strip() for src, _ in pairs)]
-    (src, tgt) = pairs[0]
-    mixed = [(pairs[i % len(pairs)][0], pairs[i % len(pairs)][1], text[pairs[i % len(pairs)][0]][i]) for i in rows]
-    return {f"{src}-{tgt}": [(src, tgt, text[src][i]) for i in rows], "mixed": mixed}
+    ways = [Direction.parse(d) for d in args.directions]
+    text = {w.src: Path(f"{args.text}.{w.src}").read_text(encoding="utf-8").splitlines() for w in ways}
+    rows = [i for i in range(min(map(len, text.values()))) if all(lines[i].strip() for lines in text.values())]
+    item = lambda w, i: (w.src, w.tgt, text[w.src][i])  # noqa: E731
+    return {ways[0].name: [item(ways[0], i) for i in rows], "mixed": [item(ways[i % len(ways)], i) for i in rows]}
 
 
 def offline(args: argparse.Namespace, work: dict[str, list[Item]]) -> tuple[dict[Item, str], dict[str, float], float]:
@@ -169,7 +169,7 @@ def offline(args: argparse.Namespace, work: dict[str, list[Item]]) -> tuple[dict
     translator = Translator.from_checkpoints([args.checkpoint], device="cpu", overrides=overrides)
     translator.show_progress = False
     first = next(iter(work.values()))
-    toward = lambda src, tgt: translator.toward(src, tgt) if tgt else translator  # noqa: E731
+    toward = translator.toward  # (None, None): a model of one pair's own direction
     toward(*first[0][:2]).translate_lines([line for *_, line in first[:8]])  # warm-up
     expected, rates = {}, {}
     for name, items in work.items():
@@ -196,8 +196,9 @@ def run_clients(
     ports: list[int], items: list[Item], clients: int, expected: dict[Item, str], deadline: float,
     keys: list[str] | None = None,
 ) -> dict:  # fmt: skip
-    """``clients`` threads share ``items``, one request per line (its source and target named, if any), client i sending to ``ports[i % len(ports)]``
-    (replicas behind a round-robin balancer), with ``keys[i]`` as its ``api_key`` when keys are given;
+    """``clients`` threads share ``items``, one request per line (its source and target named, if any), client i
+    sending to ``ports[i % len(ports)]`` (replicas behind a round-robin balancer), with ``keys[i]`` as its
+    ``api_key`` when keys are given;
     latencies, wrong and lost answers, and the mean lines per round of the servers' workers (from `GET /health`
     before and after)."""
     before = totals(ports)
