@@ -15,6 +15,13 @@ Runs the README's commands ("More data from your model"), each stage once:
 4. **distill** and **student**: `tmt distill` of the training sources with
    the final model as teacher, `tmt train configs/multi30k_student.yaml`
    on them for ``--student-minutes``, `tmt average`; decoded with int8.
+   ``--student-data`` puts a second corpus beside the distilled pairs (one
+   of them an untagged synthetic `data.corpora` entry): ``kd+captions`` the
+   teacher's translations of the English task-2 captions (stage
+   **distill_captions**, 145k lines: five times the distilled pairs, as the
+   Bergamot students distil monolingual source text too), ``kd+real`` the
+   real pairs. Each choice trains its own student (``student``,
+   ``student_kd_captions``, ``student_kd_real``).
 
 Scores: sacreBLEU (13a, cased) of valid and test2016 from each averaged
 model. Speed: test2016 translated in this process by the teacher (fp32 and
@@ -90,19 +97,21 @@ class Stages:
             tmt("average", str(run))
         return run / "average.pt"
 
-    def captions(self) -> Path:
-        """The German captions, files 1 to 5 in order, each sentence once (the corpus repeats some verbatim)."""
-        path = self.out / "captions.de"
+    def captions(self, lang: str = "de") -> Path:
+        """The ``lang`` captions, files 1 to 5 in order, each sentence once (the corpus repeats some verbatim)."""
+        path = self.out / f"captions.{lang}"
         if not path.is_file():
-            lines = [line for i in range(1, 6) for line in read_lines(CAPTIONS / f"train.{i}.de")]
+            lines = [line for i in range(1, 6) for line in read_lines(CAPTIONS / f"train.{i}.{lang}")]
             kept = list(dict.fromkeys(line for line in lines if line.strip()))
             atomic_write_lines(path, kept[: self.captions_lines or None])
         return path
 
-    def corpus(self, command: str, checkpoint: Path, text: Path, prefix: Path, *flags: str) -> Path:
-        """``tmt backtranslate`` / ``tmt distill`` into ``prefix`` (resumed at its window); the prefix."""
+    def corpus(self, command: str, checkpoint: Path, text: Path, prefix: Path, *flags: str, stage: str = "") -> Path:
+        """``tmt backtranslate`` / ``tmt distill`` into ``prefix`` (resumed at its window), timed as ``stage``
+        (default: the command); the prefix."""
         if not Path(f"{prefix}.en").is_file() or not Path(f"{prefix}.de").is_file():
-            self.timed(command, lambda: tmt(command, "-c", str(checkpoint), "-i", str(text), "-o", str(prefix), *flags))
+            run = [command, "-c", str(checkpoint), "-i", str(text), "-o", str(prefix), *flags]
+            self.timed(stage or command, lambda: tmt(*run))
         return prefix
 
 
@@ -151,6 +160,19 @@ def final_keys(out: Path, variant: str, bt: Path | None, weight: float) -> list[
     return keys
 
 
+def student_keys(out: Path, data: str, kd: Path, captions: Path | None) -> list[str]:
+    """The student's data keys for ``--student-data``: its own prepared directory, and the distilled pairs as its
+    training set (beside them the distilled captions as an untagged synthetic corpus), or as such a corpus beside
+    the real pairs (kd+real)."""
+    keys = [f"data.dir={out}/prepared_{data.replace('+', '_')}"]
+    if data != "kd+real":
+        keys.append(f"data.train={kd}")
+    beside = {"kd+real": kd, "kd+captions": captions}.get(data)
+    if beside is not None:
+        keys.append(f"data.corpora=[{{direction: en-de, train: {beside}, synthetic: true, tag: false}}]")
+    return keys
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/more_data"))
@@ -163,7 +185,15 @@ def main() -> None:
     parser.add_argument("--bt-beam", type=int, default=4, help="the beam without --bt-sample")
     parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's data.corpora weight")
     parser.add_argument("--no-student", action="store_true", help="stop after the final model")
-    parser.add_argument("--captions-lines", type=int, default=0, help="back-translate only the first N (0: all)")
+    parser.add_argument(
+        "--student-data",
+        choices=["kd", "kd+captions", "kd+real"],
+        default="kd",
+        help="the distilled pairs alone, or beside the distilled English captions or the real pairs",
+    )
+    parser.add_argument(
+        "--captions-lines", type=int, default=0, help="back-translate (and distil) only the first N captions (0: all)"
+    )
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
     args = parser.parse_args()
     out = args.out / f"seed{args.seed}"
@@ -183,8 +213,14 @@ def main() -> None:
     result["valid"], result["test2016"] = (bleu(final, split, final.parent) for split in ("valid", "test"))
     if not args.no_student:
         kd = stages.corpus("distill", final, DATA / "train.en", out / "synth" / "kd")
-        student = stages.train("student", STUDENT, args.student_minutes, f"data.train={kd}",
-                               f"data.dir={out}/prepared_kd")  # fmt: skip
+        captions = None
+        if args.student_data == "kd+captions":
+            captions = stages.corpus("distill", final, stages.captions("en"), out / "synth" / "kd_captions",
+                                     stage="distill_captions")  # fmt: skip
+        name = "student" if args.student_data == "kd" else f"student_{args.student_data.replace('+', '_')}"
+        keys = student_keys(out, args.student_data, kd, captions)
+        student = stages.train(name, STUDENT, args.student_minutes, *keys)
+        result["student_data"] = args.student_data
         result["student_valid"] = bleu(student, "valid", student.parent, "int8")
         result["student_test2016"] = bleu(student, "test", student.parent, "int8")
         found = speeds({"teacher": (final, ""), "teacher_int8": (final, "int8"), "student_int8": (student, "int8")})
