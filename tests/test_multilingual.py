@@ -372,6 +372,30 @@ def test_plot_draws_each_direction_and_report_tables_them(trained: Path, tmp_pat
         assert f"| {name} | 12 | {last[name]['ppl']:.2f} | {last[name]['bleu']:.2f} |" in text
 
 
+def test_plot_of_a_run_without_bleu_says_so_on_the_panel(trained: Path, tmp_path: Path) -> None:
+    """A run of several directions that logged no validation BLEU: no empty curve per direction, and the note
+    in the middle of the panel, not at data coordinates an empty curve would have moved off it."""
+    pytest.importorskip("matplotlib")
+    from transformer_mt.plots import curves_figure
+    from transformer_mt.runs import read_run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_bytes((trained / "config.yaml").read_bytes())
+    records = metric_records(trained)
+    for r in records:
+        r.pop("bleu", None)
+        for figures in (r.get("directions") or {}).values():
+            figures.pop("bleu", None)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    fig = curves_figure(read_run(run_dir), tmp_path / "curves.png")
+    bleu = fig.axes[2]
+    assert not bleu.get_lines()
+    (note,) = bleu.texts
+    assert "no validation BLEU" in note.get_text() and note.get_transform() == bleu.transAxes
+    assert note.get_position() == (0.5, 0.5)
+
+
 @pytest.mark.slow
 def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     trained: Path, corpus: Path, tmp_path: Path

@@ -173,9 +173,12 @@ def _bleu_panel(ax: Any, runs: Sequence[Run], x: str, label: str) -> None:
             drawn += 1
     each = _directions(runs[0].kind("valid")) if len(runs) == 1 else []
     for name in each:  # one run of several directions: a curve per direction beside their mean
-        ax.plot(*_direction_series(runs[0].kind("valid"), name, "bleu", x), ":", lw=1, label=name)
-    if not drawn:
-        ax.text(0.5, 0.5, "no validation BLEU logged\n(train.valid_bleu_sentences)", ha="center", va="center")
+        xs, ys = _direction_series(runs[0].kind("valid"), name, "bleu", x)
+        if xs:
+            ax.plot(xs, ys, ":", lw=1, label=name)
+    if not drawn:  # placed on the panel, not in data coordinates (which an empty curve would move off it)
+        note = "no validation BLEU logged\n(train.valid_bleu_sentences)"
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
     elif len(runs) > 1 or each:
         ax.legend(fontsize=8)
     ax.set(ylabel="validation sacreBLEU", xlabel=label)
