@@ -155,9 +155,18 @@ def final_keys(out: Path, variant: str, bt: Path | None, weight: float) -> list[
     synthetic corpus of ``variant``."""
     keys = [f"data.dir={out}/prepared_{variant}"]
     if variant != "real":
-        tag = "true" if variant == "tagged" else "false"
-        keys.append(f"data.corpora=[{{direction: en-de, train: {bt}, synthetic: true, tag: {tag}, weight: {weight}}}]")
+        keys.append(synthetic_corpus(bt, variant == "tagged", weight))
     return keys
+
+
+def synthetic_corpus(train: Path | None, tag: bool, weight: float = 1.0) -> str:
+    """The ``data.corpora`` key of one en-de synthetic corpus beside the training set."""
+    return f"data.corpora=[{{direction: en-de, train: {train}, synthetic: true, tag: {str(tag).lower()}, weight: {weight}}}]"
+
+
+def student_name(data: str) -> str:
+    """The name of ``--student-data``'s run and prepared directory: kd (the first choice) keeps ``student``."""
+    return "student" if data == "kd" else f"student_{data.replace('+', '_')}"
 
 
 def student_keys(out: Path, data: str, kd: Path, captions: Path | None) -> list[str]:
@@ -169,7 +178,7 @@ def student_keys(out: Path, data: str, kd: Path, captions: Path | None) -> list[
         keys.append(f"data.train={kd}")
     beside = {"kd+real": kd, "kd+captions": captions}.get(data)
     if beside is not None:
-        keys.append(f"data.corpora=[{{direction: en-de, train: {beside}, synthetic: true, tag: false}}]")
+        keys.append(synthetic_corpus(beside, tag=False))
     return keys
 
 
@@ -217,9 +226,8 @@ def main() -> None:
         if args.student_data == "kd+captions":
             captions = stages.corpus("distill", final, stages.captions("en"), out / "synth" / "kd_captions",
                                      stage="distill_captions")  # fmt: skip
-        name = "student" if args.student_data == "kd" else f"student_{args.student_data.replace('+', '_')}"
         keys = student_keys(out, args.student_data, kd, captions)
-        student = stages.train(name, STUDENT, args.student_minutes, *keys)
+        student = stages.train(student_name(args.student_data), STUDENT, args.student_minutes, *keys)
         result["student_data"] = args.student_data
         result["student_valid"] = bleu(student, "valid", student.parent, "int8")
         result["student_test2016"] = bleu(student, "test", student.parent, "int8")
