@@ -75,11 +75,13 @@ def train_and_average(config: str, run: Path, extra: list[str], args: argparse.N
     return run / "average.pt", minutes
 
 
-def translate(checkpoint: Path, source: Path, out: Path, way: Direction) -> list[str]:
-    """``source`` translated from way.src into way.tgt by ``checkpoint`` (kept in ``out``); its lines."""
+def translate(checkpoint: Path, source: Path, out: Path, way: Direction, pivot: str | None = None) -> list[str]:
+    """``source`` translated from way.src into way.tgt by ``checkpoint`` (kept in ``out``), through ``pivot``
+    when given (`tmt translate --pivot`); its lines."""
     if not out.is_file():
+        through = ["--pivot", pivot] if pivot else []
         tmt("translate", "-c", str(checkpoint), "-i", str(source), "-o", str(out), "--src-lang", way.src,
-            "--tgt-lang", way.tgt)  # fmt: skip
+            "--tgt-lang", way.tgt, *through)  # fmt: skip
     return list(read_lines(out))
 
 
@@ -120,9 +122,7 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
             continue
         at = cfg.data.test  # the multi-way parallel test files
         direct = translate(checkpoint, raw_file(at, src), out / f"test.{way.name}.{tgt}", way)
-        first = out / f"test.{src}-{pivot}.{pivot}"
-        translate(checkpoint, raw_file(at, src), first, Direction(src, pivot))
-        pivoted = translate(checkpoint, first, out / f"test.{src}-{pivot}-{tgt}.{tgt}", Direction(pivot, tgt))
+        pivoted = translate(checkpoint, raw_file(at, src), out / f"test.{src}-{pivot}-{tgt}.{tgt}", way, pivot)
         result[way.name] = {
             "test": bleu(direct, at, tgt),
             "pivot_test": bleu(pivoted, at, tgt),

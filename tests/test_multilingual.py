@@ -466,6 +466,22 @@ def test_evaluate_scores_every_direction_into_its_own_directory(
         evaluate_checkpoint([ck], src=corpus / "c" / "test.de", ref=corpus / "c" / "test.fr", output=tmp_path / "x")
 
 
+def test_evaluate_scores_a_pair_through_the_pivot_beside_it(trained: Path, corpus: Path, tmp_path: Path) -> None:
+    from transformer_mt.decode.translate import Translator
+    from transformer_mt.evaluate import EvaluateError, evaluate_checkpoint
+
+    ck = trained / "checkpoint_u0000012.pt"
+    found = evaluate_checkpoint([ck], "test", output=tmp_path / "e", languages=("de", "fr"), pivot="en")
+    assert found["pivot"] == "en" and found["direction"] == "de-fr"
+    translator = Translator.from_checkpoints([ck])
+    translator.show_progress = False
+    sources = (corpus / "c" / "test.de").read_text(encoding="utf-8").splitlines()
+    hyps = (tmp_path / "e" / "de-en-fr" / "hyp.fr").read_text(encoding="utf-8").splitlines()
+    assert hyps == translator.toward("de", "fr", pivot="en").translate_lines(sources)
+    with pytest.raises(EvaluateError, match="--pivot scores one pair"):
+        evaluate_checkpoint([ck], "test", output=tmp_path / "x", pivot="en")
+
+
 def test_init_writes_a_config_of_several_directions_that_loads(corpus: Path, tmp_path: Path) -> None:
     from transformer_mt.init_config import InitError, count_corpus, write_config
 
@@ -556,3 +572,84 @@ def test_the_demo_page_translates_into_the_target_chosen(trained: Path, corpus: 
         assert driver.find_element(By.ID, "error").text == ""
         assert driver.find_element(By.ID, "output").text == want.strip()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap td"))  # the attention toward French
+
+
+# ---------------------------------------------------------------- pivot
+
+
+def test_a_pivot_translates_into_it_and_then_out_of_it(trained: Path) -> None:
+    """de->fr through en equals de->en, then en->fr of its output, line by line; an empty line stays empty."""
+    from transformer_mt.decode.translate import Translator
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
+    translator.show_progress = False
+    lines = ["Die Frau wäscht den Garten.", "", "Das Pferd läuft.", "Der Mann"]
+    english = translator.toward("de", "en").translate_lines(lines)
+    assert translator.toward("de", "fr", pivot="en").translate_lines(lines) == (
+        translator.toward("en", "fr").translate_lines(english)
+    )
+    assert translator.toward("de", "fr", pivot="en").translate_lines(lines)[1] == ""
+    assert translator.toward("de", "fr", pivot="en").direction == Direction("de", "fr")
+
+
+def test_constraints_through_a_pivot_bind_the_last_leg(trained: Path) -> None:
+    from transformer_mt.decode.translate import Translator
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
+    translator.show_progress = False
+    pivoted = translator.toward("de", "fr", pivot="en")
+    english = translator.toward("de", "en").translate_lines(["Das Pferd läuft."])
+    direct = translator.toward("en", "fr").translate_constrained([english[0] + "\thorse"], 1)
+    through = pivoted.translate_constrained(["Das Pferd läuft.\thorse"], 1)
+    assert [t.text for t in through[0]] == [t.text for t in direct[0]] and "horse" in through[0][0].text
+
+
+@pytest.mark.parametrize(
+    ("pivot", "fragment"),
+    [("de", "must differ from the source and the target (de-fr)"), ("cs", "--pivot: 'cs' is not a source language")],
+)
+def test_a_pivot_that_cannot_carry_the_pair_is_one_error(trained: Path, pivot: str, fragment: str) -> None:
+    from transformer_mt.decode.translate import TranslateError, Translator
+    from transformer_mt.errors import UserError
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        translator.toward("de", "fr", pivot=pivot)
+    aligned = translator.with_decode({"alignment": "hard"}).toward("de", "fr", pivot="en")
+    with pytest.raises(TranslateError, match="--alignment with --pivot"):
+        aligned.translate_lines(["Das Pferd."])
+
+
+def test_the_zero_shot_warning_names_a_pivot_and_a_pivot_silences_it(trained: Path) -> None:
+    from transformer_mt.decode.translate import Translator, zero_shot_warning
+
+    translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
+    warning = zero_shot_warning(translator.toward("de", "fr"))
+    assert warning is not None and "never trained on de-fr" in warning and "--pivot en" in warning
+    assert zero_shot_warning(translator.toward("de", "fr", pivot="en")) is None
+    assert zero_shot_warning(translator.toward("en", "fr")) is None
+
+
+def test_a_server_of_one_model_answers_its_untrained_pairs_through_the_pivot(trained: Path) -> None:
+    pytest.importorskip("starlette")
+    from transformer_mt.decode.translate import Translator
+    from transformer_mt.serve.models import Models
+
+    models = Models([Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])], pivot="en")
+    assert models.legs("de", "fr") == [("de", "en"), ("en", "fr")]
+    assert models.legs("en", "fr") == [("en", "fr")] and models.legs(None, "fr") == [(None, "fr")]
+    assert ("de", "fr") in models.languages.pairs
+
+
+@pytest.mark.slow
+def test_translate_pivot_flag_gives_the_two_legs_output(trained: Path, tmp_path: Path) -> None:
+    ck = str(trained / "checkpoint_u0000012.pt")
+    source = tmp_path / "in.de"
+    source.write_text("Die Frau wäscht den Garten.\n\nDas Pferd läuft.\n", encoding="utf-8")
+    english, french = tmp_path / "out.en", tmp_path / "out.fr"
+    first = tmt("translate", "-c", ck, "--src-lang", "de", "--tgt-lang", "en", "-i", str(source), "-o", str(english))
+    second = tmt("translate", "-c", ck, "--src-lang", "en", "--tgt-lang", "fr", "-i", str(english), "-o", str(french))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    done = tmt("translate", "-c", ck, "--src-lang", "de", "--tgt-lang", "fr", "--pivot", "en", "-i", str(source))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == french.read_text(encoding="utf-8") and "zero-shot" not in done.stderr

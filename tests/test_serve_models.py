@@ -208,3 +208,97 @@ def test_the_demo_page_chooses_the_model_by_the_source(checkpoints, alone, free_
             assert driver.find_element(By.ID, "output").text == alone[pair].translate_lines([text])[0].strip(), pair
             assert driver.find_element(By.ID, "detected").text == shown
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap td"))  # the attention of that model
+
+
+@pytest.fixture(scope="module")
+def pivoting(checkpoints: dict[str, Path]):
+    """The three models behind one app with --pivot en: fr-de is answered by fr-en, then en-de."""
+    from starlette.testclient import TestClient
+
+    from transformer_mt.serve.app import ServerInfo, build_app
+    from transformer_mt.serve.batcher import Batcher
+    from transformer_mt.serve.models import Models
+    from transformer_mt.serve.protocol import Limits
+
+    pairs = ("en-de", "de-en", "fr-en")
+    models = Models([quiet_translator(checkpoints[p]) for p in pairs], [checkpoints[p].name for p in pairs], "en")
+    batcher = Batcher(models, 2000, 5, 16)
+    with TestClient(build_app(batcher, ServerInfo("three", "pytorch", "cpu", "none"), Limits())) as test_client:
+        yield test_client
+
+
+def test_a_pivot_answers_a_pair_no_model_was_trained_on_in_two_legs(pivoting, alone) -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    languages = {entry["code"]: entry["targets"] for entry in pivoting.get("/languages").json()}
+    assert languages == {"en": ["de"], "de": ["en"], "fr": ["de", "en"]}
+    want = alone["en-de"].translate_lines(alone["fr-en"].translate_lines(FRENCH))
+    libre = pivoting.post("/translate", json={"q": FRENCH, "source": "fr", "target": "de"}).json()
+    assert libre["translatedText"] == want
+    v1 = pivoting.post("/v1/translate", json={"sources": [FRENCH[0], "", FRENCH[1]], "source": "fr", "target": "de"})
+    assert [t["translation"] for t in v1.json()["translations"]] == [want[0], "", want[1]]
+    with pivoting.websocket_connect("/ws?source=fr&target=de") as ws:
+        ws.send_text(FRENCH[1])
+        assert ws.receive_text() == want[1]
+        ws.send_bytes(b"\x00")
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_text()
+    direct = pivoting.post("/translate", json={"q": FRENCH, "source": "fr", "target": "en"}).json()
+    assert direct["translatedText"] == alone["fr-en"].translate_lines(FRENCH)  # a trained pair: one leg
+    assert pivoting.get("/health").json()["pivot"] == "en"
+
+
+def test_what_a_pivot_cannot_give_is_a_400(pivoting) -> None:
+    html = pivoting.post("/translate", json={"q": "<p>Un chien.</p>", "source": "fr", "target": "de", "format": "html"})
+    assert html.status_code == 400 and "no word alignment with the source" in html.json()["error"]
+    attention = pivoting.post("/v1/attention", json={"text": FRENCH[0], "source": "fr", "target": "de"})
+    assert attention.status_code == 400 and "one leg, fr-en or en-de" in attention.json()["error"]
+
+
+def test_a_pivot_the_models_cannot_carry_is_refused(checkpoints) -> None:
+    from transformer_mt.serve.models import Models, ModelsError
+
+    translators = [quiet_translator(checkpoints[p]) for p in ("en-de", "fr-en")]
+    with pytest.raises(ModelsError, match="--pivot fr: a pivot must be translated into and out of"):
+        Models(translators, pivot="fr")
+    assert Models(translators, pivot="en").legs("fr", "de") == [("fr", "en"), ("en", "de")]
+    assert Models(translators).legs("fr", "de") == [("fr", "de")]
+
+
+def test_tmt_serve_pivot_names_the_pairs_it_answers_through_it(checkpoints, alone, free_port) -> None:
+    port = free_port()
+    proc = start_server(checkpoints["fr-en"], port, "-c", str(checkpoints["en-de"]), "--pivot", "en")
+    try:
+        status, answer = request_json(
+            f"http://127.0.0.1:{port}/translate", {"q": FRENCH, "source": "fr", "target": "de"}
+        )
+        assert status == 200
+        assert answer["translatedText"] == alone["en-de"].translate_lines(alone["fr-en"].translate_lines(FRENCH))
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    assert f"{checkpoints['en-de']} (en-de); through en: fr-de" in out and proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_the_demo_page_translates_through_the_pivot_and_says_why_there_is_no_map(checkpoints, alone, free_port) -> None:
+    """A real `tmt serve --pivot en` of fr-en and en-de and a real browser: fr-de is offered, its translation is
+    the two legs', and the attention map it cannot have is a note beside it, not an error."""
+    from helpers import browser_and_server
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    port = free_port()
+    with browser_and_server(checkpoints["fr-en"], port, "-c", str(checkpoints["en-de"]), "--pivot", "en") as driver:
+        driver.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "directions fr-en, en-de" in d.find_element(By.ID, "model").text)
+        Select(driver.find_element(By.ID, "source-lang")).select_by_value("fr")
+        Select(driver.find_element(By.ID, "target")).select_by_value("de")
+        driver.find_element(By.ID, "source").send_keys(FRENCH[0])
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: "no attention map" in d.find_element(By.ID, "heatmap").text)
+        want = alone["en-de"].translate_lines(alone["fr-en"].translate_lines(FRENCH[:1]))[0]
+        assert driver.find_element(By.ID, "output").text == want.strip()
+        assert driver.find_element(By.ID, "error").text == ""
+        assert "one leg, fr-en or en-de" in driver.find_element(By.ID, "heatmap").text

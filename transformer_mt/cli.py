@@ -740,6 +740,16 @@ TgtLangOpt = Annotated[
         show_default=False,
     ),
 ]
+PivotOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pivot",
+        help="Translate into this language first, then from it into --tgt-lang, with the same model: for a pair "
+        "it was never trained on (de->fr through en), whose zero-shot output is often in the wrong language. "
+        "Not with --alignment. tmt evaluate writes eval_<name>.<src>-<pivot>-<tgt>.",
+        show_default=False,
+    ),
+]
 
 
 @app.command(context_settings={"allow_extra_args": True})  # a file given without -i: named in the error
@@ -767,18 +777,17 @@ def translate(
     constraints: ConstraintsOpt = False,
     src_lang: SrcLangOpt = None,
     tgt_lang: TgtLangOpt = None,
+    pivot: PivotOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
 ) -> None:
     """Translate raw text line by line with beam search.
 
-    Normalization and BPE happen inside, using the BPE model stored in the
-    checkpoint; the output is detokenized text. The output has exactly one line
-    per input line, in input order (K lines with --nbest K); an empty input line
-    gives an empty output line. Decoding settings default to the checkpoint's
-    `decode` section (the paper: beam 4, length penalty 0.6, max length source
-    + 50, early stopping); the flags override them. A line longer than the
-    model's max_positions is translated after truncation, with a warning.
+    Normalization and BPE happen inside, using the BPE model stored in the checkpoint; the output is
+    detokenized text. The output has exactly one line per input line, in input order (K lines with --nbest K);
+    an empty input line gives an empty output line. Decoding settings default to the checkpoint's `decode`
+    section (the paper: beam 4, length penalty 0.6, max length source + 50, early stopping); the flags override
+    them. A line longer than the model's max_positions is translated after truncation, with a warning.
 
     Input from a file or a pipe is read, batched by length, translated and
     written --window-lines lines at a time (memory stays bounded; -o FILE
@@ -789,7 +798,7 @@ def translate(
     an ensemble of two runs: tmt translate -c run1/average.pt -c run2/average.pt --ensemble < in.en;
     a line in, a line out: tmt translate -c avg.pt --buffer-lines 1;
     with constraints: printf 'A dog runs.\\tHund\\n' | tmt translate -c avg.pt --constraints;
-    a model of several directions: tmt translate -c avg.pt --src-lang fr --tgt-lang de < in.fr
+    a model of several directions: tmt translate -c avg.pt --src-lang fr --tgt-lang de < in.fr (--pivot en: via en)
     (CTranslate2: tmt export ctranslate2 -c runs/base/average.pt -o ct2; tmt translate --engine ctranslate2 -c ct2 ...)
     """
     _check_translate_args(ctx.args, checkpoint, constraints, engine, ensemble, prefix_file is not None)
@@ -800,7 +809,7 @@ def translate(
     )  # fmt: skip
     settings = dict(
         device=device, overrides=overrides, engine=engine.value, ensemble=ensemble, prefix_file=prefix_file,
-        constraints=constraints, languages=(src_lang, tgt_lang),
+        constraints=constraints, languages=(src_lang, tgt_lang), pivot=pivot,
     )  # fmt: skip
     _translate_lines(checkpoint, input, output, window_lines, buffer_lines, settings)
 
@@ -1056,6 +1065,7 @@ def evaluate(
     ensemble: CombineOpt = False,
     src_lang: SrcLangOpt = None,
     tgt_lang: TgtLangOpt = None,
+    pivot: PivotOpt = None,
     threads: ThreadsOpt = 0,
     verbose: ThreadsVerboseOpt = False,
 ) -> None:
@@ -1069,15 +1079,14 @@ def evaluate(
     hyp.<lang> and scores.json (naming the checkpoint file decoded) to --out-dir (default: eval_<name> beside
     the checkpoint, or in the run directory -c names); an earlier evaluation there is replaced, and stderr names
     it: give each its own -o to keep both. A model of several directions scores each (of a named test set, each it
-    holds) into eval_<name>.<src>-<tgt> and ends with a table; --src-lang/--tgt-lang choose one (needed for --src).
-    """
+    holds) into eval_<name>.<src>-<tgt>, then a table; --src-lang/--tgt-lang choose one (needed for --src)."""
     from transformer_mt.evaluate import evaluate_checkpoint
 
     threads_for(threads, verbose)
     evaluate_checkpoint(
         checkpoint, testset=testset, src=src, ref=ref, output=output, device=device,
         overrides=decode_overrides(set_, quantize, beam=beam, lenpen=lenpen), engine=engine.value, ensemble=ensemble,
-        languages=(src_lang, tgt_lang),
+        languages=(src_lang, tgt_lang), pivot=pivot,
     )  # fmt: skip
 
 
@@ -1151,6 +1160,16 @@ LogFormatOpt = Annotated[
     typer.Option("--log-format", help="The access log on stderr, a line per request: text or json (one object "
                  "per line, for log shippers).", metavar="text|json"),
 ]  # fmt: skip
+ServePivotOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pivot",
+        help="Answer a pair no model was trained on in two legs through this language, each leg by the model "
+        "trained on it: -c de_en.pt -c en_fr.pt --pivot en also answers de->fr; a model of several directions "
+        "answers its untrained pairs through it instead of zero-shot. /languages lists those pairs.",
+        show_default=False,
+    ),
+]
 ServeSetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="decode.* keys or model.max_positions, as in tmt translate (repeatable)."),
@@ -1177,6 +1196,7 @@ def serve(
     api_keys: ApiKeysOpt = None,
     req_limit: ReqLimitOpt = 0,
     log_format: LogFormatOpt = "text",
+    pivot: ServePivotOpt = None,
 ) -> None:
     """Serve a model over HTTP and a WebSocket, with a demo page at /: docs/serving.md.
 
@@ -1204,7 +1224,7 @@ def serve(
         checkpoint, host=host, port=port, engine=engine.value, device=device,
         overrides=decode_overrides(set_, quantize, batch_tokens=max_batch_tokens), max_wait_ms=max_wait_ms,
         queue_size=queue, max_lines=max_lines, max_chars=max_chars, threads=why, cors_origins=cors_origin or (),
-        api_keys=api_keys, req_limit=req_limit, log_format=log_format,
+        api_keys=api_keys, req_limit=req_limit, log_format=log_format, pivot=pivot,
     )  # fmt: skip
 
 

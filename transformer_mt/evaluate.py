@@ -78,6 +78,7 @@ def evaluate_checkpoint(
     engine: str = "pytorch",
     ensemble: bool = False,
     languages: tuple[str | None, str | None] = (None, None),
+    pivot: str | None = None,
 ) -> dict[str, Any]:
     """Translate a test set with `Translator` and score it; writes ``hyp.<lang>`` and ``scores.json`` to ``output``.
 
@@ -93,14 +94,19 @@ def evaluate_checkpoint(
     target) names, or without a target every direction of its config that
     the test set holds (`scored_directions`), each in ``eval_<name>.<src>-<tgt>``
     (``output``/``<src>-<tgt>``); it returns ``{"directions": {name: scores}}``.
+    ``pivot``: the one pair ``languages`` names, translated through that
+    language (`Translator.toward`), into ``eval_<name>.<src>-<pivot>-<tgt>``.
     """
     from transformer_mt.decode.translate import load_translator
 
     _check_request(testset, src, ref, output)
+    if pivot is not None and languages[1] is None:
+        raise EvaluateError("--pivot scores one pair: name its target with --tgt-lang (and its source, --src-lang)")
     translator = load_translator(checkpoints, engine, ensemble, device, [*overrides, "decode.nbest=1"], None)
     request = Request(checkpoints, testset, _path(src), _path(ref), output, engine, ensemble)
     if not multilingual(translator.cfg.data) or languages[1] is not None:
-        return _evaluate(translator.toward(*languages), request, several=multilingual(translator.cfg.data))
+        toward = translator.toward(*languages, pivot=pivot)
+        return _evaluate(toward, request, several=multilingual(translator.cfg.data))
     ways = scored_directions(translator.cfg.data, testset, src is not None, languages[0])
     each = {way.name: _evaluate(translator.toward(way.src, way.tgt), request, several=True) for way in ways}
     if len(each) > 1:
@@ -134,7 +140,8 @@ def _evaluate(translator: Translator, r: Request, several: bool) -> dict[str, An
     corpus = (
         Path(getattr(data, name)).name if r.src is None and name in CONFIG_SPLITS else name
     )  # `tmt report` reads it
-    out_dir = _output_dir(r.output, first, name, way.name if several else None)
+    label = way.name if translator.pivot is None else f"{way.src}-{translator.pivot}-{way.tgt}"
+    out_dir = _output_dir(r.output, first, name, label if several else None)
     hyp_path = out_dir / f"hyp.{way.tgt}"
     hyps = translator.translate_lines(sources)
     replaced = _earlier(out_dir)
@@ -149,6 +156,7 @@ def _evaluate(translator: Translator, r: Request, several: bool) -> dict[str, An
         "ensemble": r.ensemble and len(r.checkpoints) > 1,  # several checkpoints decoded together, not averaged
         "decode": _decode_settings(translator.cfg.decode),
         **({"direction": way.name} if several else {}),
+        **({"pivot": translator.pivot} if translator.pivot else {}),
         **score_files(hyp_path, ref_path, way.tgt),
         "empty_hypotheses": empty,  # non-empty source lines translated to nothing
     }

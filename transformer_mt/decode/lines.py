@@ -205,6 +205,7 @@ def translate_file(
     window_lines: int = WINDOW_LINES,
     constraints: bool = False,
     languages: tuple[str | None, str | None] = (None, None),
+    pivot: str | None = None,
 ) -> None:
     """Translate ``input`` (stdin when None) to ``output`` (stdout when None), ``window_lines`` lines at a time.
 
@@ -217,9 +218,8 @@ def translate_file(
     is written to a temporary file renamed at the end (`atomic_write_lines`),
     so a failure later leaves no file that looks complete. ``prefix_file``:
     one target prefix per input line, read beside it. ``constraints``: each
-    line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`). ``languages``: as
-    `load_translator`'s. See `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive.
-    """
+    line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`). ``languages``, ``pivot``: as
+    `load_translator`'s. `tmt translate --help`; `transformer_mt.decode.stream` translates as lines arrive."""
     if window_lines < 1:
         raise TranslateError(f"--window-lines must be at least 1, got {window_lines}")
     names = ("<stdin>" if input is None else str(input), str(prefix_file))
@@ -230,7 +230,7 @@ def translate_file(
     first = next(chunks, None)  # read before the model loads
     for i, line in enumerate(first[0] if constraints and first else []):
         split_constraints(line, i)  # the first window's format, before the model loads
-    translator = load_translator(checkpoints, engine, ensemble, device, overrides, languages)
+    translator = load_translator(checkpoints, engine, ensemble, device, overrides, languages, pivot)
     counts = EmptyCount()
     # one bar for the whole input, counting batches; shown after half a second, so that an error in the input
     # found before any translation is the only line printed

@@ -83,14 +83,15 @@ def translate_interactive(
     checkpoints: Sequence[str | Path], input: str | Path | None, buffer_lines: int, engine: str = "pytorch",
     ensemble: bool = False, device: str | None = None, overrides: Sequence[str] = (),
     prefix_file: str | Path | None = None, constraints: bool = False, ready: bool = False,
-    languages: tuple[str | None, str | None] = (None, None),
+    languages: tuple[str | None, str | None] = (None, None), pivot: str | None = None,
 ) -> int:  # fmt: skip
     """Load the model first (`load_translator`), so that it is ready for the first line, then `translate_stream`.
 
     ``constraints``: each line is ``source<TAB>phrase<TAB>...`` (`Translator.translate_constrained`).
     ``ready``: say on stderr when the model is loaded and how to stop, for a person at a terminal, who
-    otherwise sees nothing while it loads and cannot tell when to type. ``languages``: as `load_translator`'s."""
-    translator = load_translator(checkpoints, engine, ensemble, device, overrides, languages)
+    otherwise sees nothing while it loads and cannot tell when to type. ``languages``, ``pivot``: as
+    `load_translator`'s."""
+    translator = load_translator(checkpoints, engine, ensemble, device, overrides, languages, pivot)
     if ready:
         print(READY, file=sys.stderr, flush=True)
     return translate_stream(translator, input, buffer_lines, prefix_file, constraints)

@@ -36,7 +36,14 @@ from transformer_mt.config import CLI_NAMES, Config, DecodeMode, config_from_dic
 from transformer_mt.data.batching import batches_by_tokens
 from transformer_mt.data.bpe import EOS, UNK, load_bpe
 from transformer_mt.data.clean import normalize
-from transformer_mt.data.directions import choose, directions, multilingual, source_prefix, zero_shot
+from transformer_mt.data.directions import (
+    Direction,
+    choose,
+    directions,
+    multilingual,
+    source_prefix,
+    zero_shot,
+)
 from transformer_mt.decode.align import alignments
 from transformer_mt.decode.aligner import Aligner, aligner_alignments
 from transformer_mt.decode.constrained import (
@@ -125,17 +132,58 @@ class Translator:
         self.freed = FreedMemory()  # what decoding frees stays resident up to a slack (transformer_mt/malloc.py)
         self.direction = choose(cfg.data, None, None) if not multilingual(cfg.data) else None  # `toward` sets it
         self.source_prefix: list[int] = []  # ids every source starts with: a multilingual model's target tag
+        self.first_leg: Translator | None = None  # with a pivot: the translator into it (`toward`)
 
     def toward(
-        self, src: str | None, tgt: str | None, where: str = "--src-lang/--tgt-lang", any_source: bool = False
+        self,
+        src: str | None,
+        tgt: str | None,
+        where: str = "--src-lang/--tgt-lang",
+        any_source: bool = False,
+        pivot: str | None = None,
     ) -> Translator:
         """This translator (nothing loaded again) translating ``src`` into ``tgt``; a model of several directions
-        needs the target (`choose`: a DirectionError names the model's languages), a model of one pair neither."""
+        needs the target (`choose`: a DirectionError names the model's languages), a model of one pair neither.
+
+        ``pivot``: translate into that language first, then from it into
+        ``tgt`` (`through_pivot`), for a pair the model was never trained on:
+        its zero-shot output is often in the wrong language, its legs through
+        English are not (benchmarks/README.md, "Several languages").
+        """
         direction = choose(self.cfg.data, src, tgt, where, any_source)
         other = copy.copy(self)
         other.direction = direction
         other.source_prefix = [int(i) for i in source_prefix(self.cfg.data, self.bpe, direction.tgt)]
+        other.first_leg = None if pivot is None else self._leg_into(direction, pivot)
         return other
+
+    @property
+    def pivot(self) -> str | None:
+        """The language translated through (`toward`'s ``pivot``), or None."""
+        return None if self.first_leg is None or self.first_leg.direction is None else self.first_leg.direction.tgt
+
+    def _leg_into(self, direction: Direction, pivot: str) -> Translator:
+        """The first leg of ``direction`` through ``pivot``: the best translation only, without a bar of its own
+        (the caller's counts the lines once, on the second leg)."""
+        if pivot in (direction.src, direction.tgt):
+            raise TranslateError(
+                f"--pivot {pivot}: the pivot must differ from the source and the target ({direction.name})"
+            )
+        choose(self.cfg.data, pivot, direction.tgt, "--pivot")  # the pivot must be a source and a target
+        leg = self.toward(direction.src, pivot, "--pivot").with_decode({"nbest": 1})
+        leg.show_progress, leg.progress = False, None
+        return leg
+
+    def through_pivot(self, lines: Sequence[str], start: int = 0) -> Sequence[str]:
+        """``lines`` translated into the pivot (`toward`'s ``pivot``), or ``lines`` themselves without one. Each
+        line's best translation, in order: an empty line stays empty."""
+        if self.first_leg is None:
+            return lines
+        if self.cfg.decode.alignment != "none":
+            raise TranslateError(
+                "--alignment with --pivot would link the pivot's words, not the input's: drop one of them"
+            )
+        return [hyps[0].text for hyps in self.first_leg.translate_lines_nbest(lines, 1, start)]
 
     def with_decode(self, changes: Mapping[str, Any]) -> Translator:
         """This translator (the same model and engine, nothing loaded again) decoding with ``changes`` to its
@@ -245,7 +293,7 @@ class Translator:
         check_mode(self.mode(nbest, prefixes=prefixes is not None))
         if prefixes is not None and len(prefixes) != len(lines):
             raise TranslateError(f"{prefix_origin}: {len(prefixes)} prefixes for {len(lines)} lines; give one per line")
-        ids = [self.encode(start + i, line) for i, line in enumerate(lines)]
+        ids = [self.encode(start + i, line) for i, line in enumerate(self.through_pivot(lines, start))]
         forced = [
             self.encode_prefix(start + i, text, source, prefix_origin) for i, (text, source) in enumerate(zip(prefixes, ids, strict=True))
         ] if prefixes is not None else None  # fmt: skip
@@ -402,7 +450,8 @@ class Translator:
         """
         check_mode(self.mode(nbest, constraints=True))
         split = [split_constraints(line, start + i) for i, line in enumerate(lines)]
-        ids = [self.encode(start + i, source) for i, (source, _) in enumerate(split)]
+        sources = self.through_pivot([source for source, _ in split], start)
+        ids = [self.encode(start + i, source) for i, source in enumerate(sources)]
         phrases = [self.encode_constraints(texts, ids[i], f"--constraints: line {start + i + 1}")
                    for i, (_, texts) in enumerate(split)]  # fmt: skip
         return self.translate_encoded(ids, nbest, phrases=phrases)
@@ -490,6 +539,7 @@ def load_translator(
     device: str | torch.device | None = None,
     overrides: Sequence[str] = (),
     languages: tuple[str | None, str | None] | None = (None, None),
+    pivot: str | None = None,
 ) -> Translator:
     """tmt's own model from checkpoints (``pytorch``), or a `tmt export ctranslate2` directory (``ctranslate2``).
 
@@ -499,7 +549,8 @@ def load_translator(
     target (``--src-lang``, ``--tgt-lang``), needed by a model of several
     directions (`Translator.toward`); a direction it was never trained on is
     translated with a warning (zero-shot). None: no direction is chosen yet
-    (the caller's `toward` does).
+    (the caller's `toward` does). ``pivot``: translate through that language
+    (``--pivot``, `Translator.toward`).
     """
     check_mode(DecodeMode(engine=engine, ensemble=ensemble))
     if engine == "ctranslate2":
@@ -510,12 +561,29 @@ def load_translator(
         translator = Translator.from_checkpoints(paths, device, overrides, ensemble=ensemble)
     if languages is None:
         return translator
-    translator = translator.toward(*languages)
-    if translator.direction is not None and zero_shot(translator.cfg.data, translator.direction):
-        trained = ", ".join(way.name for way in directions(translator.cfg.data))
-        tqdm.write(
-            f"warning: the model was never trained on {translator.direction.name} (it was on {trained}): "
-            "translating zero-shot; check that the output is in the language asked for",
-            file=sys.stderr,
-        )
+    translator = translator.toward(*languages, pivot=pivot)
+    warning = zero_shot_warning(translator)
+    if warning:
+        tqdm.write(warning, file=sys.stderr)
     return translator
+
+
+def zero_shot_warning(translator: Translator) -> str | None:
+    """A warning when ``translator`` (or, through a pivot, either of its legs) translates a direction its model was
+    never trained on, naming a pivot that would avoid it; None otherwise."""
+    data, way, pivot = translator.cfg.data, translator.direction, translator.pivot
+    if way is None:
+        return None
+    legs = [way] if pivot is None else [Direction(way.src, pivot), Direction(pivot, way.tgt)]
+    untrained = [leg for leg in legs if zero_shot(data, leg)]
+    if not untrained:
+        return None
+    trained = directions(data)
+    hubs = [p for p in dict.fromkeys(d.tgt for d in trained) if {Direction(way.src, p), Direction(p, way.tgt)}
+            <= set(trained)]  # fmt: skip
+    advice = f"; --pivot {hubs[0]} translates through a language it was trained on" if hubs else ""
+    return (
+        f"warning: the model was never trained on {', '.join(leg.name for leg in untrained)} (it was on "
+        f"{', '.join(d.name for d in trained)}): translating zero-shot; check that the output is in the language "
+        f"asked for{advice}"
+    )

@@ -67,10 +67,12 @@ def serve(
     api_keys: Path | None = None,
     req_limit: int = 0,
     log_format: str = "text",
+    pivot: str | None = None,
 ) -> None:
     """Load the models (`model_groups`), then serve them until SIGTERM or Ctrl-C; in-flight requests are
     answered before exit. ``api_keys``: a keys file (`keys.read_keys`); ``req_limit``: requests per minute per
-    client address (0: none); ``log_format``: the access log's, on stderr."""
+    client address (0: none); ``log_format``: the access log's, on stderr; ``pivot``: the language untrained
+    pairs are translated through (`Models.legs`)."""
     require_web_stack()
     import uvicorn
 
@@ -85,7 +87,7 @@ def serve(
     limits = Limits(max_lines=max_lines, max_chars=max_chars)
     sock = listen(host, port)  # before the model loads: a port in use fails at once
     groups = model_groups(checkpoints, engine)
-    models = load_models(groups, engine, device, overrides)
+    models = load_models(groups, engine, device, overrides, pivot)
     d = models.first.cfg.decode
     batcher = Batcher(models, d.batch_tokens, max_wait_ms, queue_size)
     info = ServerInfo(public_name(checkpoints), engine, str(models.first.device), d.quantize, threads)
@@ -105,26 +107,32 @@ def serve(
     run_in_main_thread(uvicorn.Server(config), sock, batcher)
 
 
-def load_models(groups: list[list[str | Path]], engine: str, device: str | None, overrides: Sequence[str]) -> Models:
+def load_models(
+    groups: list[list[str | Path]], engine: str, device: str | None, overrides: Sequence[str], pivot: str | None = None
+) -> Models:
     """The `Models` of ``groups`` (`model_groups`), each loaded as `tmt translate` loads its -c, a direction
-    chosen per request."""
+    chosen per request; ``pivot``: as `Models`'."""
     from transformer_mt.decode.translate import load_translator
     from transformer_mt.serve.models import Models
 
     return Models(
         [load_translator(group, engine, False, device, overrides, languages=None) for group in groups],
         [public_name(group) for group in groups],
+        pivot,
     )
 
 
 def served(groups: list[list[str | Path]], models: Models) -> str:
-    """What the start line says is served: each model's checkpoints and directions."""
+    """What the start line says is served: each model's checkpoints and directions, and the pairs answered
+    through the pivot."""
     from transformer_mt.data.directions import directions
 
-    return "; ".join(
+    listed = "; ".join(
         f"{', '.join(map(str, group))} ({', '.join(w.name for w in directions(t.cfg.data))})"
         for group, t in zip(groups, models.translators, strict=True)
     )
+    through = sorted(f"{s}-{t}" for s, t in models.languages.pairs if len(models.legs(s, t)) == 2)
+    return listed + (f"; through {models.pivot}: {', '.join(through) or 'no pair'}" if models.pivot else "")
 
 
 def model_groups(checkpoints: Sequence[str | Path], engine: str) -> list[list[str | Path]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -145,7 +146,22 @@ class _Handlers:
             await asyncio.to_thread(self.batcher.close)
 
     async def submit(self, job: Job) -> list:
-        """``job``'s translations; a full queue (429) or a closing server (503) is the client's to retry."""
+        """``job``'s translations, in two jobs through the pivot where `Models.legs` says so (the first leg's best
+        translations are the second's lines; prefixes and constraints bind the second, the target's)."""
+        legs = self.batcher.models.legs(*job.languages)
+        if len(legs) == 2:
+            if job.decode.get("alignment", self.cfg.decode.alignment) != "none":
+                raise RequestError(
+                    400, f"{'-'.join(map(str, job.languages))} is translated through {legs[0][1]!r} here, so its "
+                    "translation has no word alignment with the source: ask without alignment ('format' 'text')",
+                )  # fmt: skip
+            first = await self.queue(Job(job.lines, decode=job.decode, languages=legs[0]))
+            job = dataclasses.replace(job, lines=[hyps[0].text for hyps in first], languages=legs[1])
+        return await self.queue(job)
+
+    async def queue(self, job: Job) -> list:
+        """``job``'s translations from the worker; a full queue (429) or a closing server (503) is the client's to
+        retry."""
         try:
             future = self.batcher.submit(job)
         except QueueFull as err:
@@ -304,6 +320,12 @@ class _Handlers:
             raw = await self.body(request)
             text, layer = attention_request(raw)
             source, target = check_languages(raw, self.langs, None)
+            legs = self.batcher.models.legs(source, target)
+            if len(legs) == 2:
+                raise RequestError(
+                    400, f"{source}-{target} is translated through {legs[0][1]!r} here: ask for the attention of "
+                    f"one leg, {source}-{legs[0][1]} or {legs[0][1]}-{target}", "target",
+                )  # fmt: skip
             model = self.batcher.models.translators[self.batcher.models.route(source, target)]
             toward = model.toward(source, target, any_source=True)
             found = await self.attend(toward, text, layer)
@@ -328,7 +350,7 @@ class _Handlers:
         return JSONResponse({
             "status": "ok", "model": info.model, "engine": info.engine, "device": info.device,
             "quantize": info.quantize, "threads": info.threads, "source": cfg.data.src_lang, "target": cfg.data.tgt_lang,
-            "directions": [way.name for way in self.batcher.models.directions()],
+            "directions": [way.name for way in self.batcher.models.directions()], "pivot": self.batcher.models.pivot,
             "queue_depth": batcher.depth(), "uptime_s": round(time.monotonic() - info.started, 1),
             "requests": batcher.stats.requests, "lines": batcher.stats.lines, "batches": batcher.stats.batches,
             "errors": batcher.stats.errors, "steps": batcher.stats.steps,

@@ -10,6 +10,13 @@ Two models of one pair would make the answer depend on which was asked, so
 a server refuses to start with them; one decoding setting for the whole
 server (the models' decode sections must agree) keeps `/health`, the
 request checks and ``alternatives`` the same whichever model answers.
+
+With a pivot (``tmt serve --pivot en``), a pair that no model was trained
+on is answered in two legs through the pivot, each leg by its own model
+(`Models.legs`): ``-c de_en.pt -c en_fr.pt --pivot en`` answers de-fr, as
+Argos Translate's packages behind LibreTranslate do, and a model of several
+directions answers its untrained pairs through the pivot instead of
+zero-shot.
 """
 
 from __future__ import annotations
@@ -30,12 +37,16 @@ class ModelsError(UserError):
 class Models:
     """The server's translators (the first's settings are the server's) and the languages they answer."""
 
-    def __init__(self, translators: Sequence[Translator], names: Sequence[str] = ()) -> None:
+    def __init__(self, translators: Sequence[Translator], names: Sequence[str] = (), pivot: str | None = None) -> None:
         if not translators:
             raise ModelsError("a server needs a model: pass a checkpoint with -c")
         self.translators = list(translators)
         self.names = list(names) or [f"model {i + 1}" for i in range(len(translators))]
         self.languages = Languages.of(*(t.cfg.data for t in self.translators))
+        self.pivot = pivot
+        self._trained = set(self.directions())
+        if pivot is not None:
+            self.languages = dataclasses.replace(self.languages, pairs=self.languages.pairs | self._pivoted(pivot))
         self._owner: dict[tuple[str, str], int] = {}
         for i, translator in enumerate(self.translators):
             for pair in sorted(Languages.of(translator.cfg.data).pairs):
@@ -54,6 +65,31 @@ class Models:
     def directions(self) -> list[Direction]:
         """The directions the models were trained on, model by model in the server's order."""
         return [way for translator in self.translators for way in directions(translator.cfg.data)]
+
+    def _pivoted(self, pivot: str) -> set[tuple[str, str]]:
+        """The pairs no model was trained on that go through ``pivot`` on two trained legs; a pivot that is not a
+        source and a target of the models is a ModelsError naming theirs."""
+        langs = self.languages
+        if pivot not in langs.sources or pivot not in langs.targets:
+            raise ModelsError(
+                f"--pivot {pivot}: a pivot must be translated into and out of; these models translate from "
+                f"{', '.join(langs.sources)} into {', '.join(langs.targets)}"
+            )
+        return {
+            (s, t) for s in langs.sources for t in langs.targets
+            if len({s, t, pivot}) == 3 and len(self.legs(s, t)) == 2
+        }  # fmt: skip
+
+    def legs(self, source: str | None, target: str | None) -> list[tuple[str | None, str | None]]:
+        """The directions a request of ``source`` into ``target`` is translated in: itself, or, for a pair no
+        model was trained on whose legs through the pivot both were, those two legs. A source left open (auto,
+        more than one language found) is translated directly."""
+        pivot, trained = self.pivot, self._trained
+        if pivot is None or source is None or target is None or Direction(source, target) in trained:
+            return [(source, target)]
+        if Direction(source, pivot) in trained and Direction(pivot, target) in trained:
+            return [(source, pivot), (pivot, target)]
+        return [(source, target)]
 
     def _check_same_decoding(self) -> None:
         first = dataclasses.asdict(self.first.cfg.decode)
