@@ -337,6 +337,10 @@ def test_both_exports_translate_each_direction_as_tmt_does(trained: Path, corpus
         with torch.no_grad():
             generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=21)
         assert tokenizer.batch_decode(generated, skip_special_tokens=True) == expected
+    german = (corpus / "c" / "test.de").read_text(encoding="utf-8").splitlines()[:6]
+    through = [load_translator([path], engine, device="cpu", overrides=matching, languages=("de", "fr"), pivot="en")
+               for path, engine in ((ck, "pytorch"), (ct2, "ctranslate2"))]  # fmt: skip
+    assert through[1].translate_lines(german) == through[0].translate_lines(german)  # --pivot on either engine
     card = (hf / "README.md").read_text(encoding="utf-8")
     assert ">>de<<, >>en<<, >>fr<<" in card and "language: [en, de, fr]" in card
 
@@ -615,9 +619,13 @@ def test_a_pivot_that_cannot_carry_the_pair_is_one_error(trained: Path, pivot: s
     translator = Translator.from_checkpoints([trained / "checkpoint_u0000012.pt"])
     with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         translator.toward("de", "fr", pivot=pivot)
-    aligned = translator.with_decode({"alignment": "hard"}).toward("de", "fr", pivot="en")
+    with pytest.raises(TranslateError, match="--alignment with --pivot"):
+        translator.with_decode({"alignment": "hard"}).toward("de", "fr", pivot="en")
+    aligned = translator.toward("de", "fr", pivot="en").with_decode({"alignment": "hard"})  # a server's request
     with pytest.raises(TranslateError, match="--alignment with --pivot"):
         aligned.translate_lines(["Das Pferd."])
+    with pytest.raises(TranslateError, match="--pivot en: name the input's language too, with --src-lang"):
+        translator.toward(None, "fr", pivot="en")
 
 
 def test_the_zero_shot_warning_names_a_pivot_and_a_pivot_silences_it(trained: Path) -> None:

@@ -251,8 +251,29 @@ def test_a_pivot_answers_a_pair_no_model_was_trained_on_in_two_legs(pivoting, al
 def test_what_a_pivot_cannot_give_is_a_400(pivoting) -> None:
     html = pivoting.post("/translate", json={"q": "<p>Un chien.</p>", "source": "fr", "target": "de", "format": "html"})
     assert html.status_code == 400 and "no word alignment with the source" in html.json()["error"]
+    aligned = pivoting.post(
+        "/v1/translate", json={"sources": FRENCH, "source": "fr", "target": "de", "alignment": "hard"}
+    )
+    assert aligned.status_code == 400 and aligned.json()["field"] == "alignment"
     attention = pivoting.post("/v1/attention", json={"text": FRENCH[0], "source": "fr", "target": "de"})
     assert attention.status_code == 400 and "one leg, fr-en or en-de" in attention.json()["error"]
+
+
+def test_a_source_left_open_is_detected_to_choose_the_pivot(pivoting, alone) -> None:
+    """Into German, only en-de was trained: French text sent without a source must go through English, not be
+    read by en-de as if it were English."""
+    pytest.importorskip("py3langid")
+    want = alone["en-de"].translate_lines(alone["fr-en"].translate_lines(FRENCH))
+    v1 = pivoting.post("/v1/translate", json={"sources": FRENCH, "target": "de"}).json()
+    assert [t["translation"] for t in v1["translations"]] == want
+    with pivoting.websocket_connect("/ws?target=de") as ws:
+        ws.send_text(FRENCH[0])
+        assert ws.receive_text() == want[0]
+        ws.close()
+    english = pivoting.post("/v1/translate", json={"sources": ENGLISH, "target": "de"}).json()
+    assert [t["translation"] for t in english["translations"]] == alone["en-de"].translate_lines(ENGLISH)
+    mixed = pivoting.post("/v1/translate", json={"sources": [ENGLISH[0], FRENCH[0]], "target": "de"})
+    assert mixed.status_code == 400 and mixed.json()["field"] == "source" and "en, fr" in mixed.json()["error"]
 
 
 def test_a_pivot_the_models_cannot_carry_is_refused(checkpoints) -> None:
@@ -261,6 +282,11 @@ def test_a_pivot_the_models_cannot_carry_is_refused(checkpoints) -> None:
     translators = [quiet_translator(checkpoints[p]) for p in ("en-de", "fr-en")]
     with pytest.raises(ModelsError, match="--pivot fr: a pivot must be translated into and out of"):
         Models(translators, pivot="fr")
+    aligned = [t.with_decode({"alignment": "hard"}) for t in translators]
+    with pytest.raises(ModelsError, match="--pivot with decode.alignment=hard: a pair answered through the pivot"):
+        Models(aligned, pivot="en")
+    with pytest.raises(UserError, match="--pivot: 'fr' is not a source language of this model"):
+        translators[0].toward("en", "de", pivot="fr")  # a model of one pair has nothing to pivot through
     assert Models(translators, pivot="en").legs("fr", "de") == [("fr", "en"), ("en", "de")]
     assert Models(translators).legs("fr", "de") == [("fr", "de")]
 

@@ -103,6 +103,9 @@ BatchSearch = Callable[[list[list[int]], int, list[list[int]] | None], list[list
 starting with its prefix (target ids; None: no prefixes)."""
 
 
+ALIGNED_PIVOT = "--alignment with --pivot would link the pivot's words, not the input's: drop one of them"
+
+
 class Translator:
     """A search, its BPE model and decoding settings; `translate_lines` is the whole text-to-text path.
 
@@ -150,6 +153,8 @@ class Translator:
         its zero-shot output is often in the wrong language, its legs through
         English are not (benchmarks/README.md, "Several languages").
         """
+        if pivot is not None and src is None:
+            raise TranslateError(f"--pivot {pivot}: name the input's language too, with --src-lang")
         direction = choose(self.cfg.data, src, tgt, where, any_source)
         other = copy.copy(self)
         other.direction = direction
@@ -159,7 +164,7 @@ class Translator:
 
     @property
     def pivot(self) -> str | None:
-        """The language translated through (`toward`'s ``pivot``), or None."""
+        """The language translated through (`toward`'s ``pivot``), or None: what evaluations and warnings name."""
         return None if self.first_leg is None or self.first_leg.direction is None else self.first_leg.direction.tgt
 
     def _leg_into(self, direction: Direction, pivot: str) -> Translator:
@@ -169,20 +174,21 @@ class Translator:
             raise TranslateError(
                 f"--pivot {pivot}: the pivot must differ from the source and the target ({direction.name})"
             )
+        if self.cfg.decode.alignment != "none":
+            raise TranslateError(ALIGNED_PIVOT)
         choose(self.cfg.data, pivot, direction.tgt, "--pivot")  # the pivot must be a source and a target
         leg = self.toward(direction.src, pivot, "--pivot").with_decode({"nbest": 1})
         leg.show_progress, leg.progress = False, None
         return leg
 
     def through_pivot(self, lines: Sequence[str], start: int = 0) -> Sequence[str]:
-        """``lines`` translated into the pivot (`toward`'s ``pivot``), or ``lines`` themselves without one. Each
-        line's best translation, in order: an empty line stays empty."""
+        """``lines`` translated into the pivot (`toward`'s ``pivot``), or ``lines`` themselves without one: one
+        translation per line (decoded as the second leg is: beam, or a sample), in order, an empty line empty.
+        Text in, text out, so that each leg encodes its input as any translation does."""
         if self.first_leg is None:
             return lines
         if self.cfg.decode.alignment != "none":
-            raise TranslateError(
-                "--alignment with --pivot would link the pivot's words, not the input's: drop one of them"
-            )
+            raise TranslateError(ALIGNED_PIVOT)  # alignment asked after `toward` (a server's request)
         return [hyps[0].text for hyps in self.first_leg.translate_lines_nbest(lines, 1, start)]
 
     def with_decode(self, changes: Mapping[str, Any]) -> Translator:

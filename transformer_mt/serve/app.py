@@ -146,18 +146,41 @@ class _Handlers:
             await asyncio.to_thread(self.batcher.close)
 
     async def submit(self, job: Job) -> list:
-        """``job``'s translations, in two jobs through the pivot where `Models.legs` says so (the first leg's best
-        translations are the second's lines; prefixes and constraints bind the second, the target's)."""
+        """``job``'s translations, in two jobs through the pivot where `Models.legs` says so: the first leg's
+        translation of each line is the second's line, and prefixes, constraints and n-best bind the second, the
+        target's (an n-best list on the first would multiply the second's work for one answer per line)."""
+        job = self.with_source(job)
         legs = self.batcher.models.legs(*job.languages)
         if len(legs) == 2:
             if job.decode.get("alignment", self.cfg.decode.alignment) != "none":
                 raise RequestError(
                     400, f"{'-'.join(map(str, job.languages))} is translated through {legs[0][1]!r} here, so its "
-                    "translation has no word alignment with the source: ask without alignment ('format' 'text')",
+                    "translation has no word alignment with the source: send 'format' 'text' (on /v1/translate, "
+                    "no 'alignment')", "format" if job.decode.get("alignment") == "soft" else "alignment",
                 )  # fmt: skip
             first = await self.queue(Job(job.lines, decode=job.decode, languages=legs[0]))
             job = dataclasses.replace(job, lines=[hyps[0].text for hyps in first], languages=legs[1])
         return await self.queue(job)
+
+    def with_source(self, job: Job) -> Job:
+        """``job`` with its source detected, when it left the source open and the server pivots: whether a
+        request goes through the pivot depends on its source, which the model alone never needs (it reads the
+        target tag). Lines found in a language the target's own, or not served into it, leave it open; lines
+        found in several languages, one of which would go through the pivot, are a 400 asking for it."""
+        models, (source, target) = self.batcher.models, job.languages
+        if source is not None or target is None or models.pivot is None:
+            return job
+        found = {self.detector.detect(line)["language"] for line in job.lines if line.strip()}
+        found = {lang for lang in found if lang != target and (lang, target) in self.langs.pairs}
+        if len(found) == 1:
+            return dataclasses.replace(job, languages=(found.pop(), target))
+        if any(len(models.legs(lang, target)) == 2 for lang in found):
+            raise RequestError(
+                400, f"the lines were found in {', '.join(sorted(found))}, which this server translates into "
+                f"{target!r} by different routes (through {models.pivot!r} or not): name 'source', or send one "
+                "language per request", "source",
+            )  # fmt: skip
+        return job
 
     async def queue(self, job: Job) -> list:
         """``job``'s translations from the worker; a full queue (429) or a closing server (503) is the client's to

@@ -47,6 +47,11 @@ class Models:
         self._trained = set(self.directions())
         if pivot is not None:
             self.languages = dataclasses.replace(self.languages, pairs=self.languages.pairs | self._pivoted(pivot))
+            if self.first.cfg.decode.alignment != "none":
+                raise ModelsError(
+                    f"--pivot with decode.alignment={self.first.cfg.decode.alignment}: a pair answered through the "
+                    "pivot has no word alignment with its source; serve without one of them"
+                )
         self._owner: dict[tuple[str, str], int] = {}
         for i, translator in enumerate(self.translators):
             for pair in sorted(Languages.of(translator.cfg.data).pairs):
@@ -67,8 +72,9 @@ class Models:
         return [way for translator in self.translators for way in directions(translator.cfg.data)]
 
     def _pivoted(self, pivot: str) -> set[tuple[str, str]]:
-        """The pairs no model was trained on that go through ``pivot`` on two trained legs; a pivot that is not a
-        source and a target of the models is a ModelsError naming theirs."""
+        """The pairs no model was trained on that go through ``pivot`` on two trained legs, which `/languages`
+        then offers; a pivot that is not a source and a target of the models is a ModelsError naming theirs,
+        at start rather than as a 400 on every such request."""
         langs = self.languages
         if pivot not in langs.sources or pivot not in langs.targets:
             raise ModelsError(
@@ -82,8 +88,9 @@ class Models:
 
     def legs(self, source: str | None, target: str | None) -> list[tuple[str | None, str | None]]:
         """The directions a request of ``source`` into ``target`` is translated in: itself, or, for a pair no
-        model was trained on whose legs through the pivot both were, those two legs. A source left open (auto,
-        more than one language found) is translated directly."""
+        model was trained on whose legs through the pivot both were, those two legs: a trained pair is always
+        answered by its own model, the better route. A source left open (texts found in several languages) has
+        no legs to choose, so it is translated directly."""
         pivot, trained = self.pivot, self._trained
         if pivot is None or source is None or target is None or Direction(source, target) in trained:
             return [(source, target)]
