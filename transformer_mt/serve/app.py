@@ -165,8 +165,8 @@ class _Handlers:
     def with_source(self, job: Job) -> Job:
         """``job`` with its source detected, when it left the source open and the server pivots: whether a
         request goes through the pivot depends on its source, which the model alone never needs (it reads the
-        target tag). Lines found in a language the target's own, or not served into it, leave it open; lines
-        found in several languages, one of which would go through the pivot, are a 400 asking for it."""
+        target tag). Lines found in the target's own language, or in one not served into it, leave it open;
+        lines found in several languages, one of which would go through the pivot, are a 400 asking for it."""
         models, (source, target) = self.batcher.models, job.languages
         if source is not None or target is None or models.pivot is None:
             return job
