@@ -111,3 +111,32 @@ def test_a_ctrl_c_caught_inside_code_run_as_a_string_keeps_the_status_tmt_chose(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
     done = subprocess.run([sys.executable, "-m", "probe"], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == (130 if forget else -signal.SIGINT), (done.returncode, done.stderr)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_an_import_stops_the_command_once_the_import_is_over(tmp_path: Path, sig) -> None:
+    """A signal raised inside an import may land in a C++ extension's (torch's pybind11 code runs Python while it
+    loads), where it aborts the process: status -6 and no line. The handler sends it again once the import is
+    over: the module imported whole, then the command stopped."""
+    (tmp_path / "slow_import.py").write_text(
+        f"import os, time\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(0.3)\nWHOLE = True\n", encoding="utf-8"
+    )
+    (tmp_path / "probe.py").write_text(
+        "import sys, time\n"
+        "from transformer_mt.errors import Terminated, stop_on_signals\n"
+        "stop_on_signals()\n"
+        "try:\n"
+        "    import slow_import\n"
+        "    time.sleep(5)\n"
+        "except (KeyboardInterrupt, Terminated):\n"
+        "    print(getattr(sys.modules.get('slow_import'), 'WHOLE', False))\n"
+        "    sys.exit(3)\n",
+        encoding="utf-8",
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (3, "True"), done.stderr

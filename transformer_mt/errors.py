@@ -10,11 +10,13 @@ traceback; any other exception is a bug in tmt and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import reprlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 
 class UserError(Exception):
@@ -100,9 +102,31 @@ def stop_on_signals(term: bool = True) -> None:
         signal.signal(signal.SIGTERM, _stop)
 
 
-def _stop(signum: int, frame: object) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
+    if _importing(frame):
+        _deliver_later(signum)
+        return
     _RECEIVED.append(signum)
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether a module is being imported (a frame of importlib's on the stack). An exception raised there may
+    land inside a C++ extension's import, as torch's pybind11 code runs Python while it loads, where it cannot
+    be caught: the process aborts (status -6, no line) instead of stopping."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deliver_later(signum: int) -> None:
+    """Send ``signum`` to this process again in 50 ms: it stops the command once the import is over (at most the
+    import's time late: a second or two for torch)."""
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 def stopped_by() -> int | None:
