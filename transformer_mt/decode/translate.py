@@ -188,7 +188,7 @@ class Translator:
         if self.first_leg is None:
             return lines
         if self.cfg.decode.alignment != "none":
-            raise TranslateError(ALIGNED_PIVOT)  # alignment asked after `toward` (a server's request)
+            raise TranslateError(ALIGNED_PIVOT)  # alignment set after `toward` (`with_decode`)
         return [hyps[0].text for hyps in self.first_leg.translate_lines_nbest(lines, 1, start)]
 
     def with_decode(self, changes: Mapping[str, Any]) -> Translator:

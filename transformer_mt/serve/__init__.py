@@ -131,7 +131,7 @@ def served(groups: list[list[str | Path]], models: Models) -> str:
         f"{', '.join(map(str, group))} ({', '.join(w.name for w in directions(t.cfg.data))})"
         for group, t in zip(groups, models.translators, strict=True)
     )
-    through = sorted(f"{s}-{t}" for s, t in models.languages.pairs if len(models.legs(s, t)) == 2)
+    through = sorted(f"{s}-{t}" for s, t in models.pivoted)
     return listed + (f"; through {models.pivot}: {', '.join(through) or 'no pair'}" if models.pivot else "")
 
 

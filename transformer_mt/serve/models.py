@@ -45,8 +45,9 @@ class Models:
         self.languages = Languages.of(*(t.cfg.data for t in self.translators))
         self.pivot = pivot
         self._trained = set(self.directions())
+        self.pivoted = frozenset() if pivot is None else self._pivoted(pivot)  # the pairs answered in two legs
         if pivot is not None:
-            self.languages = dataclasses.replace(self.languages, pairs=self.languages.pairs | self._pivoted(pivot))
+            self.languages = dataclasses.replace(self.languages, pairs=self.languages.pairs | self.pivoted)
             if self.first.cfg.decode.alignment != "none":
                 raise ModelsError(
                     f"--pivot with decode.alignment={self.first.cfg.decode.alignment}: a pair answered through the "
@@ -71,7 +72,7 @@ class Models:
         """The directions the models were trained on, model by model in the server's order."""
         return [way for translator in self.translators for way in directions(translator.cfg.data)]
 
-    def _pivoted(self, pivot: str) -> set[tuple[str, str]]:
+    def _pivoted(self, pivot: str) -> frozenset[tuple[str, str]]:
         """The pairs no model was trained on that go through ``pivot`` on two trained legs, which `/languages`
         then offers; a pivot that is not a source and a target of the models is a ModelsError naming theirs,
         at start rather than as a 400 on every such request."""
@@ -81,10 +82,10 @@ class Models:
                 f"--pivot {pivot}: a pivot must be translated into and out of; these models translate from "
                 f"{', '.join(langs.sources)} into {', '.join(langs.targets)}"
             )
-        return {
+        return frozenset(
             (s, t) for s in langs.sources for t in langs.targets
             if len({s, t, pivot}) == 3 and len(self.legs(s, t)) == 2
-        }  # fmt: skip
+        )  # fmt: skip
 
     def legs(self, source: str | None, target: str | None) -> list[tuple[str | None, str | None]]:
         """The directions a request of ``source`` into ``target`` is translated in: itself, or, for a pair no
