@@ -11,7 +11,12 @@ Runs the README's commands ("More data from your model"), each stage once:
 3. **final**: `tmt train configs/multi30k_hour.yaml` on the real pairs and
    the back-translated corpus (``--variant tagged``: `synthetic: true, tag:
    true`; ``untagged``; ``real``: no synthetic corpus, the ablation's
-   baseline) for ``--final-minutes``, then `tmt average`;
+   baseline; ``--bt-weight``, its ``data.corpora`` weight) for
+   ``--final-minutes``, then `tmt average`. The first choices (sampled
+   back-translation, weight 1) run as ``backtranslate`` and
+   ``final_<variant>``; each other choice is named in its stage, run and
+   corpus (``backtranslate_beam4``, ``final_tagged_w0.2``,
+   ``final_tagged_beam4_w0.2``), so that it trains a run of its own;
 4. **distill** and **student**: `tmt distill` of the training sources with
    the final model as teacher, `tmt train configs/multi30k_student.yaml`
    on them for ``--student-minutes``, `tmt average`; decoded with int8.
@@ -21,7 +26,9 @@ Runs the README's commands ("More data from your model"), each stage once:
    **distill_captions**, 145k lines: five times the distilled pairs, as the
    Bergamot students distil monolingual source text too), ``kd+real`` the
    real pairs. Each choice trains its own student (``student``,
-   ``student_kd_captions``, ``student_kd_real``).
+   ``student_kd_captions``, ``student_kd_real``); a final model other than
+   ``final_tagged`` ends the names of its distilled corpora, stages and
+   students with its own (``student_tagged_w0.2``).
 
 Scores: sacreBLEU (13a, cased) of valid and test2016 from each averaged
 model. Speed: test2016 translated in this process by the teacher (fp32 and
@@ -150,10 +157,29 @@ def int8_megabytes(checkpoint: Path) -> float:
     return round(sum(p.stat().st_size for p in exported.rglob("*") if p.is_file()) / 2**20, 1)
 
 
-def final_keys(out: Path, variant: str, bt: Path | None, weight: float) -> list[str]:
+def bt_name(sample: str, beam: int) -> str:
+    """The back-translation's stage and corpus name: ``backtranslate`` for the first choice (``--bt-sample
+    topk:10``), else one that names the search, so that each choice keeps a corpus of its own."""
+    if sample == "topk:10":
+        return "backtranslate"
+    return f"backtranslate_{sample.replace(':', '')}" if sample else f"backtranslate_beam{beam}"
+
+
+def final_name(variant: str, bt: str, weight: float) -> str:
+    """The final model's run and prepared directory: ``final_<variant>`` for the first choices (sampled
+    back-translation, weight 1), with the other choices appended, so that each trains a run of its own."""
+    if variant == "real":
+        return "final_real"
+    return "_".join(
+        ["final", variant, *([bt.removeprefix("backtranslate_")] if bt != "backtranslate" else []),
+         *([f"w{weight:g}"] if weight != 1.0 else [])]
+    )  # fmt: skip
+
+
+def final_keys(out: Path, name: str, variant: str, bt: Path | None, weight: float) -> list[str]:
     """The final model's data keys: its own prepared directory (in ``out``: its corpus is this seed's), and the
     synthetic corpus of ``variant``."""
-    keys = [f"data.dir={out}/prepared_{variant}"]
+    keys = [f"data.dir={out}/prepared_{name.removeprefix('final_')}"]
     if variant != "real":
         keys.append(synthetic_corpus(bt, variant == "tagged", weight))
     return keys
@@ -164,16 +190,28 @@ def synthetic_corpus(train: Path | None, tag: bool, weight: float = 1.0) -> str:
     return f"data.corpora=[{{direction: en-de, train: {train}, synthetic: true, tag: {str(tag).lower()}, weight: {weight}}}]"
 
 
-def student_name(data: str) -> str:
-    """The name of ``--student-data``'s run and prepared directory: kd (the first choice) keeps ``student``."""
-    return "student" if data == "kd" else f"student_{data.replace('+', '_')}"
+def student_data(data: str) -> str:
+    """``--student-data`` as a file name: ``kd``, ``kd_captions``, ``kd_real`` (its prepared directory's suffix)."""
+    return data.replace("+", "_")
 
 
-def student_keys(out: Path, data: str, kd: Path, captions: Path | None) -> list[str]:
+def student_name(data: str, teacher: str = "") -> str:
+    """The name of ``--student-data``'s run: kd (the first choice) keeps ``student``; ``teacher`` (`teacher_suffix`)
+    ends it."""
+    return ("student" if data == "kd" else f"student_{student_data(data)}") + teacher
+
+
+def teacher_suffix(final: str) -> str:
+    """What ends the names of the distilled corpora and students of the final model ``final``: nothing for the
+    first one (``final_tagged``), else its choices (``_tagged_w0.2``), so that no teacher reuses another's."""
+    return "" if final == "final_tagged" else "_" + final.removeprefix("final_")
+
+
+def student_keys(out: Path, data: str, kd: Path, captions: Path | None, teacher: str = "") -> list[str]:
     """The student's data keys for ``--student-data``: its own prepared directory, and the distilled pairs as its
     training set (beside them the distilled captions as an untagged synthetic corpus), or as such a corpus beside
     the real pairs (kd+real)."""
-    keys = [f"data.dir={out}/prepared_{data.replace('+', '_')}"]
+    keys = [f"data.dir={out}/prepared_{student_data(data)}{teacher}"]
     if data != "kd+real":
         keys.append(f"data.train={kd}")
     beside = {"kd+real": kd, "kd+captions": captions}.get(data)
@@ -207,27 +245,31 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out / f"seed{args.seed}"
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
-    bt = None
+    bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
+    final_stage = final_name(args.variant, bt_stage, args.bt_weight)
     if args.variant != "real":
         reverse = stages.train("reverse", RECIPE, args.reverse_minutes, "data.src_lang=de", "data.tgt_lang=en",
                                "data.dir=prepared/multi30k_de_en")  # fmt: skip
         how = (
             ["--sample", args.bt_sample, "--seed", str(args.seed)] if args.bt_sample else ["--beam", str(args.bt_beam)]
         )
-        bt = stages.corpus("backtranslate", reverse, stages.captions(), out / "synth" / "bt", *how)
-    final = stages.train(
-        f"final_{args.variant}", RECIPE, args.final_minutes, *final_keys(out, args.variant, bt, args.bt_weight)
-    )
-    result: dict[str, Any] = {"variant": args.variant, "seed": args.seed}
+        bt = stages.corpus("backtranslate", reverse, stages.captions(), out / "synth" / bt_stage.replace(
+            "backtranslate", "bt"), *how, stage=bt_stage)  # fmt: skip
+    final = stages.train(final_stage, RECIPE, args.final_minutes, *final_keys(out, final_stage, args.variant, bt,
+                                                                             args.bt_weight))  # fmt: skip
+    result: dict[str, Any] = {"variant": args.variant, "seed": args.seed, "final": final_stage}
     result["valid"], result["test2016"] = (bleu(final, split, final.parent) for split in ("valid", "test"))
     if not args.no_student:
-        kd = stages.corpus("distill", final, DATA / "train.en", out / "synth" / "kd")
+        teacher = teacher_suffix(final_stage)
+        kd = stages.corpus(
+            "distill", final, DATA / "train.en", out / "synth" / f"kd{teacher}", stage=f"distill{teacher}"
+        )
         captions = None
         if args.student_data == "kd+captions":
-            captions = stages.corpus("distill", final, stages.captions("en"), out / "synth" / "kd_captions",
-                                     stage="distill_captions")  # fmt: skip
-        keys = student_keys(out, args.student_data, kd, captions)
-        student = stages.train(student_name(args.student_data), STUDENT, args.student_minutes, *keys)
+            captions = stages.corpus("distill", final, stages.captions("en"), out / "synth" / f"kd_captions{teacher}",
+                                     stage=f"distill_captions{teacher}")  # fmt: skip
+        keys = student_keys(out, args.student_data, kd, captions, teacher)
+        student = stages.train(student_name(args.student_data, teacher), STUDENT, args.student_minutes, *keys)
         result["student_data"] = args.student_data
         result["student_valid"] = bleu(student, "valid", student.parent, "int8")
         result["student_test2016"] = bleu(student, "test", student.parent, "int8")
@@ -235,7 +277,7 @@ def main() -> None:
         result["sentences_per_s"] = found
         result["student_speedup"] = round(found["student_int8"] / found["teacher"], 2)
         result["student_int8_mb"] = int8_megabytes(student)
-    pipeline = [stage for stage in ("reverse", "backtranslate", f"final_{args.variant}") if stage in stages.minutes]
+    pipeline = [stage for stage in ("reverse", bt_stage, final_stage) if stage in stages.minutes]
     result["minutes"] = {**stages.minutes, "total": round(sum(stages.minutes[s] for s in pipeline), 1)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(
