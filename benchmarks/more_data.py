@@ -17,6 +17,11 @@ Runs the README's commands ("More data from your model"), each stage once:
    ``final_<variant>``; each other choice is named in its stage, run and
    corpus (``backtranslate_beam4``, ``final_tagged_w0.2``,
    ``final_tagged_beam4_w0.2``), so that it trains a run of its own;
+   **finetune** (``--finetune-minutes``, off by default): the final model
+   trained on the real pairs alone from its weights (`train.init_from`,
+   its vocabulary through `tmt export spm`, peak ``--finetune-lr``), as a
+   run of its own (``final_tagged_w0.2_ft10_lr0.0005``) that the scores,
+   the teacher and the pipeline's minutes then take for the final model;
 4. **distill** and **student**: `tmt distill` of the training sources with
    the final model as teacher, `tmt train configs/multi30k_student.yaml`
    on them for ``--student-minutes``, `tmt average`; decoded with int8.
@@ -185,6 +190,18 @@ def final_keys(out: Path, name: str, variant: str, bt: Path | None, weight: floa
     return keys
 
 
+def finetune(stages: Stages, out: Path, final: Path, minutes: float, lr: float) -> tuple[str, Path]:
+    """The final model ``final`` fine-tuned on the real pairs alone for ``minutes`` at peak ``lr``, as users do:
+    `tmt export spm` of its vocabulary, `tmt train` from its weights; the run's name and averaged checkpoint."""
+    name = f"{final.parent.name}_ft{minutes:g}_lr{lr:g}"
+    vocabulary = out / f"{name}.spm.model"
+    if not vocabulary.is_file():
+        tmt("export", "spm", "-c", str(final), "-o", str(vocabulary))
+    keys = (f"data.dir={out}/prepared_{name.removeprefix('final_')}", f"bpe.model={vocabulary}",
+            f"train.init_from={final}", f"train.lr={lr}")  # fmt: skip
+    return name, stages.train(name, RECIPE, minutes, *keys)
+
+
 def synthetic_corpus(train: Path | None, tag: bool, weight: float = 1.0) -> str:
     """The ``data.corpora`` key of one en-de synthetic corpus beside the training set."""
     return f"data.corpora=[{{direction: en-de, train: {train}, synthetic: true, tag: {str(tag).lower()}, weight: {weight}}}]"
@@ -236,6 +253,10 @@ def main() -> None:
         default=0.2,
         help="the synthetic corpus's data.corpora weight (0.2, chosen on valid: half of a Multi30k epoch)",
     )
+    parser.add_argument(
+        "--finetune-minutes", type=float, default=0, help="then fine-tune the final model on the real pairs (0: off)"
+    )
+    parser.add_argument("--finetune-lr", type=float, default=5e-4, help="the fine-tuning's peak learning rate")
     parser.add_argument("--no-student", action="store_true", help="stop after the final model")
     parser.add_argument(
         "--student-data",
@@ -248,6 +269,8 @@ def main() -> None:
     )
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
     args = parser.parse_args()
+    if args.finetune_minutes and args.variant == "real":
+        parser.error("--finetune-minutes fine-tunes on the real pairs, which --variant real trains on already")
     out = args.out / f"seed{args.seed}"
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
     bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
@@ -262,7 +285,14 @@ def main() -> None:
             "backtranslate", "bt"), *how, stage=bt_stage)  # fmt: skip
     final = stages.train(final_stage, RECIPE, args.final_minutes, *final_keys(out, final_stage, args.variant, bt,
                                                                              args.bt_weight))  # fmt: skip
-    result: dict[str, Any] = {"variant": args.variant, "seed": args.seed, "final": final_stage}
+    result: dict[str, Any] = {"variant": args.variant, "seed": args.seed}
+    trained = [final_stage]
+    if args.finetune_minutes:
+        before = {"valid": bleu(final, "valid", final.parent), "test2016": bleu(final, "test", final.parent)}
+        result["before_finetune"] = before
+        final_stage, final = finetune(stages, out, final, args.finetune_minutes, args.finetune_lr)
+        trained.append(final_stage)
+    result["final"] = final_stage
     result["valid"], result["test2016"] = (bleu(final, split, final.parent) for split in ("valid", "test"))
     if not args.no_student:
         teacher = teacher_suffix(final_stage)
@@ -282,7 +312,7 @@ def main() -> None:
         result["sentences_per_s"] = found
         result["student_speedup"] = round(found["student_int8"] / found["teacher"], 2)
         result["student_int8_mb"] = int8_megabytes(student)
-    pipeline = [stage for stage in ("reverse", bt_stage, final_stage) if stage in stages.minutes]
+    pipeline = [stage for stage in ("reverse", bt_stage, *trained) if stage in stages.minutes]
     result["minutes"] = {**stages.minutes, "total": round(sum(stages.minutes[s] for s in pipeline), 1)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(
