@@ -17,10 +17,10 @@ Runs the README's commands ("More data from your model"), each stage once:
    ``final_<variant>``; each other choice is named in its stage, run and
    corpus (``backtranslate_beam4``, ``final_tagged_w0.2``,
    ``final_tagged_beam4_w0.2``), so that it trains a run of its own;
-   **finetune** (``--finetune-minutes``, off by default): the final model
-   trained on the real pairs alone from its weights (`train.init_from`,
-   its vocabulary through `tmt export spm`, peak ``--finetune-lr``), as a
-   run of its own (``final_tagged_w0.2_ft10_lr0.0005``) that the scores,
+   **finetune** (``--finetune-minutes``, 10 by default, chosen on valid;
+   0 for none): the final model trained on the real pairs alone from its
+   weights (`train.init_from`, its vocabulary through `tmt export spm`,
+   peak ``--finetune-lr``), as a run of its own (``final_tagged_w0.2_ft10_lr0.0005``) that the scores,
    the teacher and the pipeline's minutes then take for the final model;
 4. **distill** and **student**: `tmt distill` of the training sources with
    the final model as teacher, `tmt train configs/multi30k_student.yaml`
@@ -254,7 +254,10 @@ def main() -> None:
         help="the synthetic corpus's data.corpora weight (0.2, chosen on valid: half of a Multi30k epoch)",
     )
     parser.add_argument(
-        "--finetune-minutes", type=float, default=0, help="then fine-tune the final model on the real pairs (0: off)"
+        "--finetune-minutes",
+        type=float,
+        default=None,
+        help="then fine-tune the final model on the real pairs (default 10, 0: off; none for --variant real)",
     )
     parser.add_argument("--finetune-lr", type=float, default=5e-4, help="the fine-tuning's peak learning rate")
     parser.add_argument("--no-student", action="store_true", help="stop after the final model")
@@ -271,6 +274,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.finetune_minutes and args.variant == "real":
         parser.error("--finetune-minutes fine-tunes on the real pairs, which --variant real trains on already")
+    if args.finetune_minutes is None:
+        args.finetune_minutes = 0 if args.variant == "real" else 10
     out = args.out / f"seed{args.seed}"
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
     bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
