@@ -20,8 +20,9 @@ Runs the README's commands ("More data from your model"), each stage once:
    **finetune** (``--finetune-minutes``, 10 by default, chosen on valid;
    0 for none): the final model trained on the real pairs alone from its
    weights (`train.init_from`, its vocabulary through `tmt export spm`,
-   peak ``--finetune-lr``), as a run of its own (``final_tagged_w0.2_ft10_lr0.0005``) that the scores,
-   the teacher and the pipeline's minutes then take for the final model;
+   peak ``--finetune-lr``), as a run of its own
+   (``final_tagged_w0.2_ft10_lr0.0005``) that the scores, the teacher and
+   the pipeline's minutes then take for the final model;
 4. **distill** and **student**: `tmt distill` of the training sources with
    the final model as teacher, `tmt train configs/multi30k_student.yaml`
    on them for ``--student-minutes``, `tmt average`; decoded with int8.
