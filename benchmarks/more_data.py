@@ -154,6 +154,14 @@ def speeds(models: dict[str, tuple[Path, str]], rounds: int = 3) -> dict[str, fl
     return best
 
 
+def scores(checkpoint: Path) -> dict[str, float]:
+    """``valid`` and ``test2016`` sacreBLEU of ``checkpoint``, its translations kept beside it."""
+    return {
+        "valid": bleu(checkpoint, "valid", checkpoint.parent),
+        "test2016": bleu(checkpoint, "test", checkpoint.parent),
+    }
+
+
 def int8_megabytes(checkpoint: Path) -> float:
     """The size of the model as it ships for CPU decoding: `tmt export ctranslate2 --quantization int8`'s directory
     (its int8 weights, vocabulary and sentencepiece model)."""
@@ -281,7 +289,9 @@ def main() -> None:
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
     bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
     final_stage = final_name(args.variant, bt_stage, args.bt_weight)
+    pipeline = [final_stage]  # the stages this final model cost
     if args.variant != "real":
+        pipeline = ["reverse", bt_stage, final_stage]
         reverse = stages.train("reverse", RECIPE, args.reverse_minutes, "data.src_lang=de", "data.tgt_lang=en",
                                "data.dir=prepared/multi30k_de_en")  # fmt: skip
         how = (
@@ -292,14 +302,11 @@ def main() -> None:
     final = stages.train(final_stage, RECIPE, args.final_minutes, *final_keys(out, final_stage, args.variant, bt,
                                                                              args.bt_weight))  # fmt: skip
     result: dict[str, Any] = {"variant": args.variant, "seed": args.seed}
-    trained = [final_stage]
     if args.finetune_minutes:
-        before = {"valid": bleu(final, "valid", final.parent), "test2016": bleu(final, "test", final.parent)}
-        result["before_finetune"] = before
+        result["before_finetune"] = scores(final)
         final_stage, final = finetune(stages, out, final, args.finetune_minutes, args.finetune_lr)
-        trained.append(final_stage)
-    result["final"] = final_stage
-    result["valid"], result["test2016"] = (bleu(final, split, final.parent) for split in ("valid", "test"))
+        pipeline.append(final_stage)
+    result |= {"final": final_stage, **scores(final)}
     if not args.no_student:
         teacher = teacher_suffix(final_stage)
         kd = stages.corpus(
@@ -318,7 +325,6 @@ def main() -> None:
         result["sentences_per_s"] = found
         result["student_speedup"] = round(found["student_int8"] / found["teacher"], 2)
         result["student_int8_mb"] = int8_megabytes(student)
-    pipeline = [*(("reverse", bt_stage) if args.variant != "real" else ()), *trained]  # what this final model cost
     pipeline = [stage for stage in pipeline if stage in stages.minutes]
     result["minutes"] = {**stages.minutes, "total": round(sum(stages.minutes[s] for s in pipeline), 1)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
