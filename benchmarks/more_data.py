@@ -17,6 +17,10 @@ Runs the README's commands ("More data from your model"), each stage once:
    ``final_<variant>``; each other choice is named in its stage, run and
    corpus (``backtranslate_beam4``, ``final_tagged_w0.2``,
    ``final_tagged_beam4_w0.2``), so that it trains a run of its own;
+   ``--final-set`` keys (a larger model: ``model.d_model=256``) go to the
+   final model and its fine-tuning alone and are named the same way
+   (``final_tagged_w0.2_d_model256``), where ``--set`` goes to every
+   training, unnamed;
    **finetune** (``--finetune-minutes``, 10 by default, chosen on valid;
    0 for none): the final model trained on the real pairs alone from its
    weights (`train.init_from`, its vocabulary through `tmt export spm`,
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -179,14 +184,16 @@ def bt_name(sample: str, beam: int) -> str:
     return f"backtranslate_{sample.replace(':', '')}" if sample else f"backtranslate_beam{beam}"
 
 
-def final_name(variant: str, bt: str, weight: float) -> str:
+def final_name(variant: str, bt: str, weight: float, *keys: str) -> str:
     """The final model's run and prepared directory: ``final_<variant>`` for the first choices (sampled
-    back-translation, weight 1), with the other choices appended, so that each trains a run of its own."""
+    back-translation, weight 1), with the other choices appended, so that each trains a run of its own:
+    ``--final-set`` keys by their last part and value (``model.d_model=256``: ``d_model256``)."""
+    named = [re.sub(r"[^\w.-]", "", key.split("=")[0].split(".")[-1] + key.partition("=")[2]) for key in keys]
     if variant == "real":
-        return "final_real"
+        return "_".join(["final_real", *named])
     return "_".join(
         ["final", variant, *([bt.removeprefix("backtranslate_")] if bt != "backtranslate" else []),
-         *([f"w{weight:g}"] if weight != 1.0 else [])]
+         *([f"w{weight:g}"] if weight != 1.0 else []), *named]
     )  # fmt: skip
 
 
@@ -199,15 +206,16 @@ def final_keys(out: Path, name: str, variant: str, bt: Path | None, weight: floa
     return keys
 
 
-def finetune(stages: Stages, out: Path, final: Path, minutes: float, lr: float) -> tuple[str, Path]:
+def finetune(stages: Stages, out: Path, final: Path, minutes: float, lr: float, *model: str) -> tuple[str, Path]:
     """The final model ``final`` fine-tuned on the real pairs alone for ``minutes`` at peak ``lr``, as users do:
-    `tmt export spm` of its vocabulary, `tmt train` from its weights; the run's name and averaged checkpoint."""
+    `tmt export spm` of its vocabulary, `tmt train` from its weights (``model``: its ``--final-set`` keys, which
+    the weights need); the run's name and averaged checkpoint."""
     name = f"{final.parent.name}_ft{minutes:g}_lr{lr:g}"
     vocabulary = out / f"{name}.spm.model"
     if not vocabulary.is_file():
         tmt("export", "spm", "-c", str(final), "-o", str(vocabulary))
     keys = (f"data.dir={out}/prepared_{name.removeprefix('final_')}", f"bpe.model={vocabulary}",
-            f"train.init_from={final}", f"train.lr={lr}")  # fmt: skip
+            f"train.init_from={final}", f"train.lr={lr}", *model)  # fmt: skip
     return name, stages.train(name, RECIPE, minutes, *keys)
 
 
@@ -280,6 +288,14 @@ def main() -> None:
         "--captions-lines", type=int, default=0, help="back-translate (and distil) only the first N captions (0: all)"
     )
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
+    parser.add_argument(
+        "--final-set",
+        dest="final_sets",
+        action="append",
+        default=[],
+        help="a --set for the final model and its fine-tuning only, named in their runs (model.d_model=256: "
+        "final_tagged_w0.2_d_model256)",
+    )
     args = parser.parse_args()
     if args.finetune_minutes and args.variant == "real":
         parser.error("--finetune-minutes fine-tunes on the real pairs, which --variant real trains on already")
@@ -288,7 +304,7 @@ def main() -> None:
     out = args.out / f"seed{args.seed}"
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
     bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
-    final_stage = final_name(args.variant, bt_stage, args.bt_weight)
+    final_stage = final_name(args.variant, bt_stage, args.bt_weight, *args.final_sets)
     pipeline = [final_stage]  # the stages this final model cost
     if args.variant != "real":
         pipeline = ["reverse", bt_stage, final_stage]
@@ -299,12 +315,12 @@ def main() -> None:
         )
         bt = stages.corpus("backtranslate", reverse, stages.captions(), out / "synth" / bt_stage.replace(
             "backtranslate", "bt"), *how, stage=bt_stage)  # fmt: skip
-    final = stages.train(final_stage, RECIPE, args.final_minutes, *final_keys(out, final_stage, args.variant, bt,
-                                                                             args.bt_weight))  # fmt: skip
+    keys = final_keys(out, final_stage, args.variant, bt, args.bt_weight)
+    final = stages.train(final_stage, RECIPE, args.final_minutes, *keys, *args.final_sets)
     result: dict[str, Any] = {"variant": args.variant, "seed": args.seed}
     if args.finetune_minutes:
         result["before_finetune"] = scores(final)
-        final_stage, final = finetune(stages, out, final, args.finetune_minutes, args.finetune_lr)
+        final_stage, final = finetune(stages, out, final, args.finetune_minutes, args.finetune_lr, *args.final_sets)
         pipeline.append(final_stage)
     result |= {"final": final_stage, **scores(final)}
     if not args.no_student:
