@@ -12,6 +12,14 @@ of the valid and test2016 sources of every direction, scored with sacreBLEU
   (py3langid, restricted to the model's languages; ``pip install
   py3langid``), and BLEU beside pivoting through the language most
   directions share (English) with the same model.
+- ``--pivot-minutes``: zero-resource instead of zero-shot. For each
+  untrained pair X-Y, X's training sentences beside the model's own
+  translation of their English side into Y (`tmt distill --src-lang en
+  --tgt-lang Y` of the training English, one per target language), no X-Y
+  text used; the model then trains on them as directions of their own beside
+  its six (`train.init_from`, its vocabulary through `tmt export spm`, peak
+  ``--pivot-lr``) for that many minutes, and every direction is scored
+  again, the formerly untrained ones with their wrong-language share.
 - ``--baselines``: one model per direction, configs/multi30k_hour.yaml's
   one-hour recipe with its data.src_lang and data.tgt_lang set, each
   averaged and scored the same way.
@@ -33,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -109,26 +118,73 @@ def score_model(checkpoint: Path, ways: list[Direction], out: Path, cfg: Any) ->
     return scores
 
 
-def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, float]]:
-    """Each untrained pair: test BLEU direct and through the pivot, and the direct output's wrong-language rate."""
+def untrained(cfg: Any) -> tuple[str, list[Direction]]:
+    """The pivot (the language most trained directions share: English) and each pair of the model's languages
+    that no direction trains and that does not involve the pivot."""
     trained = directions(cfg.data)
     langs = languages(cfg.data)
     pivot = max(langs, key=lambda lang: sum(lang in (w.src, w.tgt) for w in trained))
+    ways = [Direction(src, tgt) for src, tgt in itertools.permutations(langs, 2)]
+    known = [w for w in ways if w.src in sources(cfg.data) and w.tgt in targets(cfg.data)]
+    return pivot, [w for w in known if w not in trained and pivot not in (w.src, w.tgt)]
+
+
+def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, float]]:
+    """Each untrained pair: test BLEU direct and through the pivot, and the direct output's wrong-language rate."""
+    pivot, ways = untrained(cfg)
     result = {}
-    for src, tgt in itertools.permutations(langs, 2):
-        way = Direction(src, tgt)
-        known = src in sources(cfg.data) and tgt in targets(cfg.data)
-        if way in trained or pivot in (src, tgt) or not known:
-            continue
+    for way in ways:
         at = cfg.data.test  # the multi-way parallel test files
-        direct = translate(checkpoint, raw_file(at, src), out / f"test.{way.name}.{tgt}", way)
-        pivoted = translate(checkpoint, raw_file(at, src), out / f"test.{src}-{pivot}-{tgt}.{tgt}", way, pivot)
+        direct = translate(checkpoint, raw_file(at, way.src), out / f"test.{way.name}.{way.tgt}", way)
+        pivoted = translate(checkpoint, raw_file(at, way.src), out / f"test.{way.src}-{pivot}-{way.tgt}.{way.tgt}",
+                            way, pivot)  # fmt: skip
         result[way.name] = {
-            "test": bleu(direct, at, tgt),
-            "pivot_test": bleu(pivoted, at, tgt),
-            "wrong_language": wrong_language(direct, tgt, langs),
+            "test": bleu(direct, at, way.tgt),
+            "pivot_test": bleu(pivoted, at, way.tgt),
+            "wrong_language": wrong_language(direct, way.tgt, languages(cfg.data)),
         }
     return result
+
+
+def pivot_corpora(checkpoint: Path, cfg: Any, out: Path) -> list[str]:
+    """Training pairs for each untrained pair X-Y without any X-Y text: X's training sentences beside the model's
+    translation of their pivot (English) side into Y (`tmt distill`, one per target language, shared by its
+    pairs); the ``data.corpora`` entries that train them as directions of their own."""
+    pivot, ways = untrained(cfg)
+    entries = []
+    for way in ways:
+        into = out / f"{pivot}_{way.tgt}"
+        if not raw_file(str(into), way.tgt).is_file():
+            tmt("distill", "-c", str(checkpoint), "-i", str(raw_file(cfg.data.train, pivot)), "-o", str(into),
+                "--src-lang", pivot, "--tgt-lang", way.tgt)  # fmt: skip
+        pairs = out / f"pivot_{way.src}_{way.tgt}"
+        for lang, text in ((way.src, raw_file(cfg.data.train, way.src)), (way.tgt, raw_file(str(into), way.tgt))):
+            shutil.copyfile(text, raw_file(str(pairs), lang))
+        entries.append(f"{{direction: {way.name}, train: {pairs}}}")
+    return entries
+
+
+def pivot_trained(checkpoint: Path, cfg: Any, out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """The model ``checkpoint`` trained on, beside its own directions, `pivot_corpora` for --pivot-minutes (its
+    weights, vocabulary and schedule at peak --pivot-lr): every direction's scores, and the formerly untrained
+    pairs' wrong-language rates."""
+    run = out / f"pivot{args.pivot_minutes:g}_lr{args.pivot_lr:g}"
+    vocabulary = out / "multi.spm.model"
+    if not vocabulary.is_file():
+        tmt("export", "spm", "-c", str(checkpoint), "-o", str(vocabulary))
+    start = time.monotonic()
+    corpora = f"data.corpora=[{', '.join(pivot_corpora(checkpoint, cfg, out / 'synth'))}]"
+    distill = (time.monotonic() - start) / 60
+    keys = [corpora, f"data.dir={out}/prepared_pivot", f"bpe.model={vocabulary}", f"train.init_from={checkpoint}",
+            f"train.lr={args.pivot_lr}", f"train.max_minutes={args.pivot_minutes}"]  # fmt: skip
+    sets = [x for key in keys for x in ("--set", key)]
+    trained, minutes = train_and_average(args.config, run, [*extra, *sets], args)
+    tuned = load_config(args.config, [*args.sets, *keys])
+    scores = score_model(trained, directions(tuned.data), run, tuned)
+    for way in untrained(cfg)[1]:
+        hyps = list(read_lines(run / f"test.{way.name}.{way.tgt}"))
+        scores[way.name]["wrong_language"] = wrong_language(hyps, way.tgt, languages(cfg.data))
+    return {"minutes": {"distill": round(distill, 1), "train": round(minutes, 1)}, "scores": scores}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -143,6 +199,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| zero-shot | test2016 | through the pivot | wrong language |", "|---|---|---|---|"]
     for name, z in report["zero_shot"].items():
         lines.append(f"| {name} | {z['test']} | {z['pivot_test']} | {z['wrong_language']:.1%} |")
+    if "pivot_trained" in report:
+        lines += ["", "| trained on pivot-made pairs too | valid | test2016 | wrong language |", "|---|---|---|---|"]
+        for name, t in report["pivot_trained"]["scores"].items():
+            wrong = f"{t['wrong_language']:.1%}" if "wrong_language" in t else ""
+            lines.append(f"| {name} | {t['valid']} | {t['test']} | {wrong} |")
     return "\n".join(lines)
 
 
@@ -156,14 +217,24 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=0, help="a budget of updates instead of the clock")
     parser.add_argument("--baselines", action="store_true", help="also train one model per direction")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
+    parser.add_argument(
+        "--pivot-minutes",
+        type=float,
+        default=0.0,
+        help="then train the model on, beside its directions, pairs for each untrained one made through English "
+        "(zero-resource) for this many minutes (0: off)",
+    )
+    parser.add_argument("--pivot-lr", type=float, default=5e-4, help="that training's peak learning rate")
     args = parser.parse_args()
     extra = [x for s in args.sets for x in ("--set", s)]
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.sets)
     out = args.out / f"seed{args.seed}"
     checkpoint, minutes = train_and_average(args.config, out / "multi", extra, args)
     report: dict[str, Any] = {"config": args.config, "seed": args.seed, "minutes": {"multilingual": round(minutes, 1)}}
     report["multilingual"] = score_model(checkpoint, directions(cfg.data), out / "multi", cfg)
     report["zero_shot"] = zero_shot(checkpoint, cfg, out / "multi")
+    if args.pivot_minutes:
+        report["pivot_trained"] = pivot_trained(checkpoint, cfg, out / "multi", args, extra)
     if args.baselines:
         report["bilingual"] = {}
         for way in directions(cfg.data):
