@@ -189,12 +189,11 @@ def final_name(variant: str, bt: str, weight: float, *keys: str) -> str:
     back-translation, weight 1), with the other choices appended, so that each trains a run of its own:
     ``--final-set`` keys by their last part and value (``model.d_model=256``: ``d_model256``)."""
     named = [re.sub(r"[^\w.-]", "", key.split("=")[0].split(".")[-1] + key.partition("=")[2]) for key in keys]
-    if variant == "real":
-        return "_".join(["final_real", *named])
-    return "_".join(
-        ["final", variant, *([bt.removeprefix("backtranslate_")] if bt != "backtranslate" else []),
-         *([f"w{weight:g}"] if weight != 1.0 else []), *named]
-    )  # fmt: skip
+    synthetic = [] if variant == "real" else [
+        *([bt.removeprefix("backtranslate_")] if bt != "backtranslate" else []),
+        *([f"w{weight:g}"] if weight != 1.0 else []),
+    ]  # fmt: skip
+    return "_".join(["final", variant, *synthetic, *named])
 
 
 def final_keys(out: Path, name: str, variant: str, bt: Path | None, weight: float) -> list[str]:
@@ -305,9 +304,8 @@ def main() -> None:
     stages = Stages(out, args.seed, args.captions_lines, args.sets)
     bt, bt_stage = None, bt_name(args.bt_sample, args.bt_beam)
     final_stage = final_name(args.variant, bt_stage, args.bt_weight, *args.final_sets)
-    pipeline = [final_stage]  # the stages this final model cost
+    pipeline = [final_stage] if args.variant == "real" else ["reverse", bt_stage, final_stage]  # what it cost
     if args.variant != "real":
-        pipeline = ["reverse", bt_stage, final_stage]
         reverse = stages.train("reverse", RECIPE, args.reverse_minutes, "data.src_lang=de", "data.tgt_lang=en",
                                "data.dir=prepared/multi30k_de_en")  # fmt: skip
         how = (

@@ -66,19 +66,23 @@ def tmt(*args: str) -> None:
         sys.exit(f"tmt {' '.join(args)} failed ({done.returncode})")
 
 
+def sets(*keys: str) -> list[str]:
+    """``key=value`` overrides as `tmt train`'s ``--set`` options."""
+    return [x for key in keys for x in ("--set", key)]
+
+
 def budget(args: argparse.Namespace) -> list[str]:
     """The --set overrides of the budget: the config's minutes, --minutes, or --updates alone."""
     if args.updates:
-        return ["--set", f"train.max_updates={args.updates}", "--set", f"train.max_minutes={args.minutes or 0}"]
-    return ["--set", f"train.max_minutes={args.minutes}"] if args.minutes else []
+        return sets(f"train.max_updates={args.updates}", f"train.max_minutes={args.minutes or 0}")
+    return sets(f"train.max_minutes={args.minutes}") if args.minutes else []
 
 
 def train_and_average(config: str, run: Path, extra: list[str], args: argparse.Namespace) -> tuple[Path, float]:
     """Train (or resume, or find finished) ``run`` and average its last checkpoints; returns the average and the
     minutes this call spent training."""
     start = time.monotonic()
-    sets = ["--set", f"train.save_dir={run}", "--set", f"train.seed={args.seed}", *budget(args), *extra]
-    tmt("train", config, *sets)
+    tmt("train", config, *sets(f"train.save_dir={run}", f"train.seed={args.seed}"), *budget(args), *extra)
     minutes = (time.monotonic() - start) / 60
     tmt("average", str(run))
     return run / "average.pt", minutes
@@ -132,6 +136,7 @@ def untrained(cfg: Any) -> tuple[str, list[Direction]]:
 def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, float]]:
     """Each untrained pair: test BLEU direct and through the pivot, and the direct output's wrong-language rate."""
     pivot, ways = untrained(cfg)
+    langs = languages(cfg.data)
     result = {}
     for way in ways:
         at = cfg.data.test  # the multi-way parallel test files
@@ -141,7 +146,7 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
         result[way.name] = {
             "test": bleu(direct, at, way.tgt),
             "pivot_test": bleu(pivoted, at, way.tgt),
-            "wrong_language": wrong_language(direct, way.tgt, languages(cfg.data)),
+            "wrong_language": wrong_language(direct, way.tgt, langs),
         }
     return result
 
@@ -177,8 +182,7 @@ def pivot_trained(checkpoint: Path, cfg: Any, out: Path, args: argparse.Namespac
     distill = (time.monotonic() - start) / 60
     keys = [corpora, f"data.dir={out}/prepared_pivot", f"bpe.model={vocabulary}", f"train.init_from={checkpoint}",
             f"train.lr={args.pivot_lr}", f"train.max_minutes={args.pivot_minutes}"]  # fmt: skip
-    sets = [x for key in keys for x in ("--set", key)]
-    trained, minutes = train_and_average(args.config, run, [*extra, *sets], args)
+    trained, minutes = train_and_average(args.config, run, [*extra, *sets(*keys)], args)
     tuned = load_config(args.config, [*args.sets, *keys])
     scores = score_model(trained, directions(tuned.data), run, tuned)
     for way in untrained(cfg)[1]:
@@ -226,7 +230,7 @@ def main() -> None:
     )
     parser.add_argument("--pivot-lr", type=float, default=5e-4, help="that training's peak learning rate")
     args = parser.parse_args()
-    extra = [x for s in args.sets for x in ("--set", s)]
+    extra = sets(*args.sets)
     cfg = load_config(args.config, args.sets)
     out = args.out / f"seed{args.seed}"
     checkpoint, minutes = train_and_average(args.config, out / "multi", extra, args)
@@ -239,11 +243,16 @@ def main() -> None:
         report["bilingual"] = {}
         for way in directions(cfg.data):
             run = out / f"bi_{way.src}_{way.tgt}"
-            sets = ["--set", f"data.src_lang={way.src}", "--set", f"data.tgt_lang={way.tgt}",
-                    "--set", f"data.dir=prepared/multi30k_{way.src}_{way.tgt}"]  # fmt: skip
-            bi_checkpoint, minutes = train_and_average(args.bilingual, run, [*sets, *extra], args)
+            pair = [
+                f"data.src_lang={way.src}",
+                f"data.tgt_lang={way.tgt}",
+                f"data.dir=prepared/multi30k_{way.src}_{way.tgt}",
+            ]
+            bi_checkpoint, minutes = train_and_average(args.bilingual, run, [*sets(*pair), *extra], args)
             report["minutes"][way.name] = round(minutes, 1)
-            report["bilingual"] |= score_model(bi_checkpoint, [way], run, load_config(args.bilingual, sets[1::2]))
+            report["bilingual"] |= score_model(
+                bi_checkpoint, [way], run, load_config(args.bilingual, [*pair, *args.sets])
+            )
     (out / "multilingual.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(markdown(report))
 
