@@ -20,19 +20,23 @@ of the valid and test2016 sources of every direction, scored with sacreBLEU
   its six (`train.init_from`, its vocabulary through `tmt export spm`, peak
   ``--pivot-lr``) for that many minutes, and every direction is scored
   again, the formerly untrained ones with their wrong-language share.
-- ``--baselines``: one model per direction, configs/multi30k_hour.yaml's
-  one-hour recipe with its data.src_lang and data.tgt_lang set, each
-  averaged and scored the same way.
+- ``--baselines [DIRECTION ...]``: one model per direction (every direction
+  of the config, or those named), configs/multi30k_hour.yaml's one-hour
+  recipe with its data.src_lang and data.tgt_lang set, each averaged and
+  scored the same way. With ``--no-multilingual`` a call trains the
+  baselines alone, so that six CPU hours can be split over several sittings.
 
 Select on the valid columns; test2016 is the figure to report.
 
     python benchmarks/multilingual.py --seed 1 --out runs/bench_multilingual
     python benchmarks/multilingual.py --seed 1 --out runs/bench_multilingual --baselines
+    python benchmarks/multilingual.py --seed 1 --out runs/bench_multilingual --no-multilingual --baselines en-fr
     python benchmarks/multilingual.py --updates 11000 --out ...   # a budget of updates, not of the clock
 
 A run cut short goes on with the same command: `tmt train` resumes each run
 from its newest checkpoint, and a finished run is not trained again.
-Results: OUT/multilingual.json and markdown tables on stdout. Run it from the
+Results: OUT/seedN/multilingual.json (each call adds its parts to what earlier
+calls wrote there) and markdown tables on stdout. Run it from the
 repository root on an otherwise idle machine (the budget is wall clock).
 """
 
@@ -196,19 +200,51 @@ def markdown(report: dict[str, Any]) -> str:
         "| direction | multilingual valid | test2016 | bilingual valid | test2016 | Δ test |",
         "|---|---|---|---|---|---|",
     ]
-    for name, s in report["multilingual"].items():
-        b = report.get("bilingual", {}).get(name)
-        bi = [b["valid"], b["test"], round(s["test"] - b["test"], 2)] if b else ["", "", ""]
-        lines.append(f"| {name} | {s['valid']} | {s['test']} | " + " | ".join(map(str, bi)) + " |")
-    lines += ["", "| zero-shot | test2016 | through the pivot | wrong language |", "|---|---|---|---|"]
-    for name, z in report["zero_shot"].items():
-        lines.append(f"| {name} | {z['test']} | {z['pivot_test']} | {z['wrong_language']:.1%} |")
+    multi, bilingual = report.get("multilingual", {}), report.get("bilingual", {})
+    for name in [*multi, *(b for b in bilingual if b not in multi)]:
+        s, b = multi.get(name), bilingual.get(name)
+        row = [s["valid"], s["test"]] if s else ["", ""]
+        row += [b["valid"], b["test"]] if b else ["", ""]
+        row.append(round(s["test"] - b["test"], 2) if s and b else "")
+        lines.append(f"| {name} | " + " | ".join(map(str, row)) + " |")
+    if "zero_shot" in report:
+        lines += ["", "| zero-shot | test2016 | through the pivot | wrong language |", "|---|---|---|---|"]
+        for name, z in report["zero_shot"].items():
+            lines.append(f"| {name} | {z['test']} | {z['pivot_test']} | {z['wrong_language']:.1%} |")
     if "pivot_trained" in report:
         lines += ["", "| trained on pivot-made pairs too | valid | test2016 | wrong language |", "|---|---|---|---|"]
         for name, t in report["pivot_trained"]["scores"].items():
             wrong = f"{t['wrong_language']:.1%}" if "wrong_language" in t else ""
             lines.append(f"| {name} | {t['valid']} | {t['test']} | {wrong} |")
     return "\n".join(lines)
+
+
+def chosen(names: list[str], cfg: Any) -> list[Direction]:
+    """The config's directions that ``names`` names (all of them for an empty list); exit naming the valid ones
+    on an unknown name."""
+    ways = directions(cfg.data)
+    unknown = [n for n in names if n not in [w.name for w in ways]]
+    if unknown:
+        sys.exit(f"--baselines: {', '.join(unknown)} is not a direction of the config; choose among "
+                 f"{', '.join(w.name for w in ways)}")  # fmt: skip
+    return [w for w in ways if not names or w.name in names]
+
+
+def baselines(ways: list[Direction], out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """One model per direction of ``ways`` (--bilingual's recipe), each trained, averaged and scored: their
+    scores and minutes."""
+    scores, minutes = {}, {}
+    for way in ways:
+        run = out / f"bi_{way.src}_{way.tgt}"
+        pair = [
+            f"data.src_lang={way.src}",
+            f"data.tgt_lang={way.tgt}",
+            f"data.dir=prepared/multi30k_{way.src}_{way.tgt}",
+        ]
+        checkpoint, spent = train_and_average(args.bilingual, run, [*sets(*pair), *extra], args)
+        minutes[way.name] = round(spent, 1)
+        scores |= score_model(checkpoint, [way], run, load_config(args.bilingual, [*pair, *args.sets]))
+    return {"bilingual": scores, "minutes": minutes}
 
 
 def main() -> None:
@@ -219,7 +255,15 @@ def main() -> None:
     parser.add_argument("--bilingual", default=BILINGUAL, help="the one-direction recipe of --baselines")
     parser.add_argument("--minutes", type=float, default=0.0, help="each training's budget (default: the config's)")
     parser.add_argument("--updates", type=int, default=0, help="a budget of updates instead of the clock")
-    parser.add_argument("--baselines", action="store_true", help="also train one model per direction")
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        metavar="DIRECTION",
+        help="also train one model per direction: every direction of the config, or those named (e.g. en-fr)",
+    )
+    parser.add_argument(
+        "--no-multilingual", action="store_true", help="skip the multilingual model (with --baselines: those alone)"
+    )
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every training")
     parser.add_argument(
         "--pivot-minutes",
@@ -233,27 +277,23 @@ def main() -> None:
     extra = sets(*args.sets)
     cfg = load_config(args.config, args.sets)
     out = args.out / f"seed{args.seed}"
-    checkpoint, minutes = train_and_average(args.config, out / "multi", extra, args)
-    report: dict[str, Any] = {"config": args.config, "seed": args.seed, "minutes": {"multilingual": round(minutes, 1)}}
-    report["multilingual"] = score_model(checkpoint, directions(cfg.data), out / "multi", cfg)
-    report["zero_shot"] = zero_shot(checkpoint, cfg, out / "multi")
-    if args.pivot_minutes:
-        report["pivot_trained"] = pivot_trained(checkpoint, cfg, out / "multi", args, extra)
-    if args.baselines:
-        report["bilingual"] = {}
-        for way in directions(cfg.data):
-            run = out / f"bi_{way.src}_{way.tgt}"
-            pair = [
-                f"data.src_lang={way.src}",
-                f"data.tgt_lang={way.tgt}",
-                f"data.dir=prepared/multi30k_{way.src}_{way.tgt}",
-            ]
-            bi_checkpoint, minutes = train_and_average(args.bilingual, run, [*sets(*pair), *extra], args)
-            report["minutes"][way.name] = round(minutes, 1)
-            report["bilingual"] |= score_model(
-                bi_checkpoint, [way], run, load_config(args.bilingual, [*pair, *args.sets])
-            )
-    (out / "multilingual.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "multilingual.json"
+    report: dict[str, Any] = json.loads(result.read_text(encoding="utf-8")) if result.is_file() else {}
+    report |= {"config": args.config, "seed": args.seed}
+    report.setdefault("minutes", {})
+    if not args.no_multilingual:
+        checkpoint, minutes = train_and_average(args.config, out / "multi", extra, args)
+        report["minutes"]["multilingual"] = round(minutes, 1)
+        report["multilingual"] = score_model(checkpoint, directions(cfg.data), out / "multi", cfg)
+        report["zero_shot"] = zero_shot(checkpoint, cfg, out / "multi")
+        if args.pivot_minutes:
+            report["pivot_trained"] = pivot_trained(checkpoint, cfg, out / "multi", args, extra)
+    if args.baselines is not None:
+        done = baselines(chosen(args.baselines, cfg), out, args, extra)
+        report["minutes"] |= done["minutes"]
+        report["bilingual"] = report.get("bilingual", {}) | done["bilingual"]
+    result.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(markdown(report))
 
 

@@ -424,6 +424,22 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     assert 0.0 <= report["zero_shot"]["de-fr"]["wrong_language"] <= 1.0
     assert "| de-fr |" in done.stdout
 
+    bilingual = tmp_path / "bi.yaml"
+    bilingual.write_text(multi_config(corpus, "data.directions=[]").to_yaml(), encoding="utf-8")
+    baseline = [sys.executable, str(script), "--config", str(config), "--bilingual", str(bilingual), "--updates", "12",
+                "--out", str(tmp_path / "b"), "--no-multilingual", "--baselines"]  # fmt: skip
+    wrong = subprocess.run([*baseline, "fr-de"], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert wrong.returncode == 1 and "fr-de is not a direction of the config; choose among en-de, de-en, en-fr" in (
+        wrong.stderr
+    )
+    done = subprocess.run([*baseline, "en-fr"], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    again = json.loads((tmp_path / "b" / "seed1" / "multilingual.json").read_text(encoding="utf-8"))
+    assert again["multilingual"] == report["multilingual"], "a baselines-only call keeps what the first call scored"
+    assert list(again["bilingual"]) == ["en-fr"] and set(again["minutes"]) == {"multilingual", "en-fr"}
+    delta = round(report["multilingual"]["en-fr"]["test"] - again["bilingual"]["en-fr"]["test"], 2)
+    assert f"| en-fr | {report['multilingual']['en-fr']['valid']} |" in done.stdout and f"| {delta} |" in done.stdout
+
 
 @pytest.mark.slow
 def test_the_serving_benchmark_spreads_clients_over_the_directions(trained: Path, corpus: Path, tmp_path: Path) -> None:
