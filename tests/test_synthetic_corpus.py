@@ -234,7 +234,8 @@ def test_a_tagged_corpus_starts_its_sources_with_bt_and_the_real_ones_do_not(pai
     assert done.returncode == 0, done.stderr
     shares = temperature_shares(mix.sizes, 1.0, [1.0, 0.5])
     assert f"en-de synthetic (tagged) {bt} {shares[1]:.1%}" in done.stdout
-    assert f"each epoch: real pairs {shares[0]:.1%}, synthetic {shares[1]:.1%}" in done.stdout
+    marked = f"each epoch: corpora marked synthetic {shares[1]:.1%}, the rest (data.train's included) {shares[0]:.1%}"
+    assert marked in done.stdout
 
 
 @pytest.mark.slow
@@ -243,7 +244,7 @@ def test_synthetic_corpora_keep_resume_bit_exact_and_the_log_shows_their_share(
 ) -> None:
     cfg = pair_config(pair, synthetic(bt, tag=True, weight=0.5), f"data.dir={tmp_path}/out")
     whole = assert_resume_is_bit_exact(cfg, tmp_path)
-    assert "each epoch: real pairs" in capfd.readouterr().err
+    assert "each epoch: corpora marked synthetic" in capfd.readouterr().err
     t = Translator.from_checkpoints([whole / "checkpoint_u0000012.pt"], device="cpu")
     t.show_progress = False
     assert len(t.translate_lines(["A dog runs.", "The man sees a cat."])) == 2  # real input: no <BT> added

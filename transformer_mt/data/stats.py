@@ -75,7 +75,7 @@ def _training_set(cfg: Config) -> ParallelDataset | CorpusMix:
 
 def shares_line(cfg: Config, train: CorpusMix) -> str:
     """Each part's share of an epoch at data.temperature (`temperature_shares`) beside its share of the data, and
-    the real and synthetic pairs' shares when there are synthetic ones."""
+    the shares of the corpora marked synthetic and of the rest when some are."""
     t, parts = cfg.data.temperature, train_parts(cfg.data)
     shares = temperature_shares(train.sizes, t, weights(cfg.data))
     each = ", ".join(
@@ -84,7 +84,9 @@ def shares_line(cfg: Config, train: CorpusMix) -> str:
     )
     line = f"  each epoch at data.temperature={t:g}{' and data.corpora weights' if cfg.data.corpora else ''}: {each}"
     synthetic = sum(share for part, share in zip(parts, shares, strict=True) if part.synthetic)
-    return line + (f"\n  each epoch: real pairs {1 - synthetic:.1%}, synthetic {synthetic:.1%}" if synthetic else "")
+    # By the config's marks, not by origin: a student's data.train holds a teacher's translations, yet is unmarked.
+    marked = f"\n  each epoch: corpora marked synthetic {synthetic:.1%}, the rest (data.train's included) {1 - synthetic:.1%}"
+    return line + (marked if synthetic else "")
 
 
 def _part_name(part: TrainPart) -> str:
