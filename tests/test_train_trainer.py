@@ -26,7 +26,7 @@ from transformer_mt.metrics import corpus_sacrebleu
 from transformer_mt.model.transformer import Transformer, count_parameters, flops_per_token
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
 from transformer_mt.train.average import average_checkpoints
-from transformer_mt.train.budget import clock_marks
+from transformer_mt.train.budget import clock_marks, close_behind
 from transformer_mt.train.distributed import DistEnv, setup
 from transformer_mt.train.run_checkpoints import checkpoint_update, list_checkpoints
 from transformer_mt.train.run_files import batching_changes, batching_key
@@ -209,6 +209,37 @@ def test_the_paper_configs_validate_by_updates_only(name):
     assert clock_marks(dataclasses.replace(tc, max_minutes=20.0), 6.0) == 3  # 2, 4 and 6 minutes
     with pytest.raises(ConfigError, match=r"train.validate_every_fraction must be in \[0, 1\), got 1.5"):
         load_config(overrides=["train.validate_every_fraction=1.5"])
+
+
+def test_a_validation_close_behind_one_by_the_other_rule_is_skipped():
+    """A clock mark one update before a multiple of validate_every (or after it) would validate twice in a row:
+    within a tenth of validate_every updates (at least one) of the other rule's last validation, it is skipped."""
+    assert close_behind(200, 199, 200) and close_behind(219, 200, 200)  # 1 and 19 < 200 // 10
+    assert not close_behind(220, 200, 200) and not close_behind(5, None, 200)
+    assert close_behind(12, 12, 6) and not close_behind(13, 12, 6)  # at least one: the same update only
+    assert close_behind(5, 5, 0) and not close_behind(6, 5, 0)
+
+
+@pytest.mark.parametrize(("per_mark", "validated"), [(19, [19, 38, 40]), (21, [20, 40, 42])])
+def test_the_count_and_the_clock_validate_once_where_they_meet(
+    prepared_toy, tmp_path, monkeypatch, per_mark, validated
+):
+    """A clock that moves with the updates puts a mark every ``per_mark`` updates beside validate_every 20: a mark
+    at 19 stands for the count's 20 and the count's 20 for a mark at 21 (one update apart), but two updates apart
+    (38 and 40, 40 and 42) both validate."""
+    updates = [0]
+    take = Trainer._update
+
+    def counted(self, batches):
+        updates[0] += 1
+        return take(self, batches)
+
+    monkeypatch.setattr(Trainer, "_update", counted)
+    seconds = 6.0 / per_mark  # max_minutes 1: a mark every 6 seconds
+    common = dict(max_updates=validated[-1], max_minutes=1, validate_every=20, save_every_minutes=0, log_every=1000)
+    run = tmp_path / "run"
+    train_model(run_config(prepared_toy, run, **common), clock=lambda: updates[0] * seconds)
+    assert [m["update"] for m in metric_records(run) if m["kind"] == "valid"] == validated
 
 
 def test_validating_on_the_clock_leaves_the_trajectory_alone(prepared_toy, tmp_path):

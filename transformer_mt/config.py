@@ -162,6 +162,7 @@ class TrainConfig:
     # With a time budget (max_minutes), also validate each time the run's clock passes another such fraction of it
     # (0.1: at 10%, 20%, ... of max_minutes), so that a slow machine, which may never reach validate_every updates,
     # still shows its validation loss (and BLEU) as it goes. 0: off. No effect without max_minutes (the paper's).
+    # Where a mark and validate_every's count meet (within a tenth of validate_every updates), one validation.
     validate_every_fraction: float = 0.1
     valid_bleu_sentences: int = 0  # each validation also translates this many valid sentences, sacreBLEU; -1 all
     valid_bleu_beam: int = 1  # beam of that translation (1: greedy, the fastest); the rest from the decode section

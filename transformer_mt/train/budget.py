@@ -64,6 +64,20 @@ def clock_marks(tc: TrainConfig, minutes: float) -> int:
     return math.floor(minutes / (tc.validate_every_fraction * tc.max_minutes) + 1e-9)
 
 
+def close_behind(update: int, other: int | None, validate_every: int) -> bool:
+    """Whether the last validation by the other rule (train.validate_every's count or the clock's marks), at update
+    ``other`` (None: none yet in this process), lies fewer than a tenth of validate_every updates (at least one)
+    before ``update``: then a validation due by this rule is skipped.
+
+    The two rules run independently, so a clock mark can fall one update before
+    a multiple of validate_every; a second validation there shows nothing new
+    and, for a model of many directions, costs most of a minute. Validations by
+    the same rule are never skipped: clock marks stay at every fraction of the
+    budget, however close together in updates.
+    """
+    return other is not None and update - other < max(1, validate_every // 10)
+
+
 @dataclass
 class TimeFlags:
     """What the wall clock asks for after an update, agreed by every rank (`Budget.time_flags`)."""
