@@ -57,6 +57,7 @@ from transformer_mt.data.clean import read_lines
 from transformer_mt.data.directions import Direction, directions, languages, prefix, sources, targets
 from transformer_mt.data.raw_files import raw_file
 from transformer_mt.metrics import corpus_sacrebleu
+from transformer_mt.runs import read_run
 from transformer_mt.serve.detect import LanguageDetector
 
 MULTI = "configs/multi30k_multilingual.yaml"
@@ -84,12 +85,10 @@ def budget(args: argparse.Namespace) -> list[str]:
 
 def train_and_average(config: str, run: Path, extra: list[str], args: argparse.Namespace) -> tuple[Path, float]:
     """Train (or resume, or find finished) ``run`` and average its last checkpoints; returns the average and the
-    minutes this call spent training."""
-    start = time.monotonic()
+    run's training minutes (its own record, resumes included: a call that finds it finished reports them too)."""
     tmt("train", config, *sets(f"train.save_dir={run}", f"train.seed={args.seed}"), *budget(args), *extra)
-    minutes = (time.monotonic() - start) / 60
     tmt("average", str(run))
-    return run / "average.pt", minutes
+    return run / "average.pt", read_run(run).minutes or 0.0
 
 
 def translate(checkpoint: Path, source: Path, out: Path, way: Direction, pivot: str | None = None) -> list[str]:
@@ -155,22 +154,28 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
     return result
 
 
-def pivot_corpora(checkpoint: Path, cfg: Any, out: Path) -> list[str]:
+def pivot_corpora(checkpoint: Path, cfg: Any, out: Path) -> tuple[list[str], float]:
     """Training pairs for each untrained pair X-Y without any X-Y text: X's training sentences beside the model's
     translation of their pivot (English) side into Y (`tmt distill`, one per target language, shared by its
-    pairs); the ``data.corpora`` entries that train them as directions of their own."""
+    pairs); the ``data.corpora`` entries that train them as directions of their own, and the distillations'
+    minutes (summed over the calls that ran them)."""
     pivot, ways = untrained(cfg)
+    record = out / "minutes.json"  # each distillation's minutes, kept for the calls that find it done
+    minutes = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
     entries = []
     for way in ways:
         into = out / f"{pivot}_{way.tgt}"
         if not raw_file(str(into), way.tgt).is_file():
+            start = time.monotonic()
             tmt("distill", "-c", str(checkpoint), "-i", str(raw_file(cfg.data.train, pivot)), "-o", str(into),
                 "--src-lang", pivot, "--tgt-lang", way.tgt)  # fmt: skip
+            minutes[into.name] = round(minutes.get(into.name, 0) + (time.monotonic() - start) / 60, 1)
+            record.write_text(json.dumps(minutes, indent=1) + "\n", encoding="utf-8")
         pairs = out / f"pivot_{way.src}_{way.tgt}"
         for lang, text in ((way.src, raw_file(cfg.data.train, way.src)), (way.tgt, raw_file(str(into), way.tgt))):
             shutil.copyfile(text, raw_file(str(pairs), lang))
         entries.append(f"{{direction: {way.name}, train: {pairs}}}")
-    return entries
+    return entries, round(sum(minutes.values()), 1)
 
 
 def pivot_trained(checkpoint: Path, cfg: Any, out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -181,9 +186,8 @@ def pivot_trained(checkpoint: Path, cfg: Any, out: Path, args: argparse.Namespac
     vocabulary = out / "multi.spm.model"
     if not vocabulary.is_file():
         tmt("export", "spm", "-c", str(checkpoint), "-o", str(vocabulary))
-    start = time.monotonic()
-    corpora = f"data.corpora=[{', '.join(pivot_corpora(checkpoint, cfg, out / 'synth'))}]"
-    distill = (time.monotonic() - start) / 60
+    entries, distill = pivot_corpora(checkpoint, cfg, out / "synth")
+    corpora = f"data.corpora=[{', '.join(entries)}]"
     keys = [corpora, f"data.dir={out}/prepared_pivot", f"bpe.model={vocabulary}", f"train.init_from={checkpoint}",
             f"train.lr={args.pivot_lr}", f"train.max_minutes={args.pivot_minutes}"]  # fmt: skip
     trained, minutes = train_and_average(args.config, run, [*extra, *sets(*keys)], args)
@@ -192,7 +196,7 @@ def pivot_trained(checkpoint: Path, cfg: Any, out: Path, args: argparse.Namespac
     for way in untrained(cfg)[1]:
         hyps = list(read_lines(run / f"test.{way.name}.{way.tgt}"))
         scores[way.name]["wrong_language"] = wrong_language(hyps, way.tgt, languages(cfg.data))
-    return {"minutes": {"distill": round(distill, 1), "train": round(minutes, 1)}, "scores": scores}
+    return {"minutes": {"distill": distill, "train": round(minutes, 1)}, "scores": scores}
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from transformer_mt.data.directions import (
 from transformer_mt.data.mix import CorpusMix, epoch_selection, temperature_shares
 from transformer_mt.data.prepare import PrepareError, prepare_data, prepare_hash
 from transformer_mt.data.synthetic import write_corpus
+from transformer_mt.runs import read_run
 from transformer_mt.train.trainer import train_model
 
 DIRECTIONS = ["en-de", "de-en", "en-fr"]
@@ -421,6 +422,7 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     assert list(report["multilingual"]) == DIRECTIONS
     assert all(set(s) == {"valid", "test"} for s in report["multilingual"].values())
     assert list(report["zero_shot"]) == ["de-fr"]
+    assert report["minutes"]["multilingual"] == round(read_run(tmp_path / "b" / "seed1" / "multi").minutes, 1)
     assert 0.0 <= report["zero_shot"]["de-fr"]["wrong_language"] <= 1.0
     assert "| de-fr |" in done.stdout
 
@@ -437,6 +439,7 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     again = json.loads((tmp_path / "b" / "seed1" / "multilingual.json").read_text(encoding="utf-8"))
     assert again["multilingual"] == report["multilingual"], "a baselines-only call keeps what the first call scored"
     assert list(again["bilingual"]) == ["en-fr"] and set(again["minutes"]) == {"multilingual", "en-fr"}
+    assert again["minutes"]["en-fr"] == round(read_run(tmp_path / "b" / "seed1" / "bi_en_fr").minutes, 1)
     delta = round(report["multilingual"]["en-fr"]["test"] - again["bilingual"]["en-fr"]["test"], 2)
     assert f"| en-fr | {report['multilingual']['en-fr']['valid']} |" in done.stdout and f"| {delta} |" in done.stdout
 
