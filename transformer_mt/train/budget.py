@@ -99,6 +99,7 @@ class Budget:
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)
     snapshots_done: int = field(init=False, default=0)  # snapshot points passed (`begin` counts a resumed run's)
     marks_done: int = field(init=False)  # clock marks passed (`clock_marks`)
+    validated_by: dict[str, int] = field(init=False, default_factory=dict)  # last validation by "count", "clock"
 
     def __post_init__(self) -> None:
         self.last_save_time = self.start
@@ -107,6 +108,15 @@ class Budget:
     def begin(self, update: int) -> None:
         """Count the snapshot points already behind a run at ``update`` (a resumed one), so none is taken again."""
         self.snapshots_done = snapshots_before(self.tc, self.progress(update))
+
+    def claim_validation(self, rule: str, update: int, valid_update: int) -> bool:
+        """Whether a validation due by ``rule`` ("count" or "clock") at ``update`` runs, noted if so: not when this
+        update has had one (``valid_update``) or the other rule's last lies `close_behind`."""
+        other = self.validated_by.get("clock" if rule == "count" else "count")
+        if valid_update == update or close_behind(update, other, self.tc.validate_every):
+            return False
+        self.validated_by[rule] = update
+        return True
 
     def minutes(self) -> float:
         """Wall-clock minutes trained in this run, resumed processes included."""

@@ -22,7 +22,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -33,7 +32,7 @@ from transformer_mt.data.dataset import Batch
 from transformer_mt.malloc import release_free_memory
 from transformer_mt.progress import Bar, progress
 from transformer_mt.run_names import BEST_NAME, checkpoint_name
-from transformer_mt.train.budget import Budget, Clock, close_behind, horizon_updates, stop_reason
+from transformer_mt.train.budget import Budget, Clock, horizon_updates, stop_reason
 from transformer_mt.train.build import build_stepper, load_run_data
 from transformer_mt.train.distributed import DistEnv, barrier, cleanup, peer_ended, setup
 from transformer_mt.train.epochs import Epochs
@@ -91,7 +90,6 @@ class Trainer:
         self.lr = 0.0  # the lr of the last update
         self.stop_reason = ""  # why the run stops, as a user would set it ("max_updates=100"); "" while it runs
         self.last_valid_nll: float | None = None  # NLL of this process's last validation
-        self.validated_by: dict[str, int] = {}  # the update of this process's last validation by "count", "clock"
         files = RunFiles.open(self.save_dir, None if resumed is None else p.update) if env.is_main else None
         self.log = RunLog(cfg, env, self.data, self.stepper, files)
         if env.is_main:
@@ -158,17 +156,10 @@ class Trainer:
         if log:
             window.reset()
             release_free_memory()  # freed blocks of varying batch shapes fragment the heap (transformer_mt/malloc.py)
-        if tc.validate_every > 0 and p.update % tc.validate_every == 0:
-            self._validate_by("count")
-
-    def _validate_by(self, rule: Literal["count", "clock"]) -> None:
-        """A validation due by ``rule``, unless this update has had one or the other rule's lies close behind."""
-        p, other = self.progress, self.validated_by.get("clock" if rule == "count" else "count")
-        if p.valid_update == p.update or close_behind(p.update, other, self.cfg.train.validate_every):
-            return
-        self._settle()
-        self._validate()
-        self.validated_by[rule] = p.update
+        due = tc.validate_every > 0 and p.update % tc.validate_every == 0
+        if due and self.budget.claim_validation("count", p.update, p.valid_update):
+            self._settle()
+            self._validate()
 
     def _save_or_stop(self, stats: UpdateStats) -> None:
         """After an update: a validation on the clock, a checkpoint when one is due, the stop once a budget is spent.
@@ -179,8 +170,9 @@ class Trainer:
         p, tc = self.progress, self.cfg.train
         ask = not (self.stepper.defer_sync and self.env.distributed and p.update % tc.log_every)
         clock = self.budget.time_flags(self.env, ask)
-        if clock.validate:
-            self._validate_by("clock")
+        if clock.validate and self.budget.claim_validation("clock", p.update, p.valid_update):
+            self._settle()
+            self._validate()
         snapshot = self.budget.snapshot_due(p.update)  # always: it advances the count even when a save is due anyway
         periodic = tc.save_every_updates > 0 and p.update % tc.save_every_updates == 0
         if stats.stepped and (periodic or clock.save or snapshot):
