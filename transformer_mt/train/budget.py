@@ -17,10 +17,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from transformer_mt.config import TrainConfig
 from transformer_mt.train.distributed import DistEnv, all_reduce_sum
 from transformer_mt.train.schedule import horizon_progress
+
+Rule = Literal["count", "clock"]  # what made a validation due: train.validate_every, or a clock mark
 
 Clock = Callable[[], float]  # seconds, monotonic
 
@@ -99,7 +102,7 @@ class Budget:
     last_save_time: float = field(init=False)  # the clock at the last periodic checkpoint (or the start)
     snapshots_done: int = field(init=False, default=0)  # snapshot points passed (`begin` counts a resumed run's)
     marks_done: int = field(init=False)  # clock marks passed (`clock_marks`)
-    validated_by: dict[str, int] = field(init=False, default_factory=dict)  # last validation by "count", "clock"
+    validated_by: dict[Rule, int] = field(init=False, default_factory=dict)  # each rule's last validation
 
     def __post_init__(self) -> None:
         self.last_save_time = self.start
@@ -109,8 +112,8 @@ class Budget:
         """Count the snapshot points already behind a run at ``update`` (a resumed one), so none is taken again."""
         self.snapshots_done = snapshots_before(self.tc, self.progress(update))
 
-    def claim_validation(self, rule: str, update: int, valid_update: int) -> bool:
-        """Whether a validation due by ``rule`` ("count" or "clock") at ``update`` runs, noted if so: not when this
+    def claim_validation(self, rule: Rule, update: int, valid_update: int) -> bool:
+        """Whether a validation due by ``rule`` (validate_every's count, or a clock mark) at ``update`` runs, noted if so: not when this
         update has had one (``valid_update``) or the other rule's last lies `close_behind`."""
         other = self.validated_by.get("clock" if rule == "count" else "count")
         if valid_update == update or close_behind(update, other, self.tc.validate_every):
