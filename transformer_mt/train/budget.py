@@ -113,8 +113,8 @@ class Budget:
         self.snapshots_done = snapshots_before(self.tc, self.progress(update))
 
     def claim_validation(self, rule: Rule, update: int, valid_update: int) -> bool:
-        """Whether a validation due by ``rule`` (validate_every's count, or a clock mark) at ``update`` runs, noted if so: not when this
-        update has had one (``valid_update``) or the other rule's last lies `close_behind`."""
+        """Whether a validation due by ``rule`` (validate_every's count, or a clock mark) at ``update`` runs, noted
+        if so: not when this update has had one (``valid_update``) or the other rule's last lies `close_behind`."""
         other = self.validated_by.get("clock" if rule == "count" else "count")
         if valid_update == update or close_behind(update, other, self.tc.validate_every):
             return False
