@@ -316,6 +316,7 @@ def test_paper_configs_keep_every_deviation_off(name):
     assert (m.norm, m.positions, m.attention_dropout, m.activation_dropout, m.share_embeddings) == (
         "post", "sinusoidal", 0.0, 0.0, True,
     )  # fmt: skip
+    assert m.encoder_no_residual_layer == 0
     assert m.d_k == 0  # not a deviation: d_k = d_model/h is the paper's own choice, kept explicit (row B changes it)
     assert (t.schedule, t.lr, t.lr_scale, t.warmup, t.warmup_fraction, t.decay_fraction, t.snapshot_span) == (
         "inverse_sqrt", 0.0, 1.0, 4000, 0.0, 0.0, 0.0,

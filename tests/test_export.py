@@ -149,6 +149,11 @@ def test_export_refuses_keys_narrower_than_values() -> None:
         check_exportable(ModelConfig(d_model=512, heads=8, d_k=16))
 
 
+def test_export_refuses_an_encoder_layer_without_its_residual() -> None:
+    with pytest.raises(ExportError, match=r"model.encoder_no_residual_layer=2 .*cannot be exported"):
+        check_exportable(ModelConfig(encoder_no_residual_layer=2))
+
+
 @needs_ct2
 def test_a_failed_export_leaves_nothing_that_looks_complete(
     toy_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -46,7 +46,8 @@ def test_the_permutation_turns_tmt_positions_into_marians() -> None:
 @pytest.mark.parametrize(
     ("change", "named"),
     [({"norm": "pre"}, "model.norm"), ({"positions": "learned"}, "model.positions"), ({"d_k": 8}, "model.d_k"),
-     ({"share_embeddings": False}, "model.share_embeddings")],
+     ({"share_embeddings": False}, "model.share_embeddings"),
+     ({"encoder_no_residual_layer": 3}, "model.encoder_no_residual_layer: 3")],
 )  # fmt: skip
 def test_what_marian_cannot_hold_is_refused(change: dict, named: str) -> None:
     with pytest.raises(HfExportError, match=named):

@@ -159,6 +159,25 @@ def test_residual_post_norm_and_pre_norm() -> None:
     f = lambda h: 3 * h + 1  # noqa: E731
     torch.testing.assert_close(residual(x, norm, f, drop, pre=False), norm(x + f(x)))  # LayerNorm(x + Sublayer(x))
     torch.testing.assert_close(residual(x, norm, f, drop, pre=True), x + f(norm(x)))
+    torch.testing.assert_close(residual(x, norm, f, drop, pre=False, skip=False), norm(f(x)))  # no "x +"
+    torch.testing.assert_close(residual(x, norm, f, drop, pre=True, skip=False), f(norm(x)))
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_encoder_layer_without_its_attention_residual_is_that_formula_at_that_layer_only(norm: str) -> None:
+    """model.encoder_no_residual_layer (Liu et al. 2021): layer N's self-attention output replaces its input;
+    its FFN and every other layer keep the paper's residuals."""
+    model = make_model(norm=norm, encoder_layers=3, encoder_no_residual_layer=2, dropout=0.0)
+    assert [layer.attention_residual for layer in model.encoder] == [True, False, True]
+    layer, x = model.encoder[1], torch.randn(2, 5, 32)
+    attended = layer.self_attn(layer.norm1(x) if norm == "pre" else x, mask=None)
+    h = attended if norm == "pre" else layer.norm1(attended)  # no "x +"
+    expected = h + layer.ffn(layer.norm2(h)) if norm == "pre" else layer.norm2(h + layer.ffn(h))
+    torch.testing.assert_close(layer(x, None), expected)
+    same = make_model(norm=norm, encoder_layers=3, dropout=0.0)
+    same.load_state_dict(model.state_dict())  # the key changes no weight: a checkpoint's tensors fit either way
+    for mine, paper in zip(model.encoder, same.encoder, strict=True):
+        assert torch.allclose(mine(x, None), paper(x, None)) == mine.attention_residual
 
 
 def test_embeddings_scaled_by_sqrt_d_model_plus_positions() -> None:
@@ -300,8 +319,11 @@ def test_target_padding_does_not_change_real_outputs() -> None:
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, {"norm": "pre"}, {"positions": "learned"}, {"d_k": 3}, {"share_embeddings": False}], ids=str
-)
+    "changes",
+    [{}, {"norm": "pre"}, {"positions": "learned"}, {"d_k": 3}, {"share_embeddings": False},
+     {"encoder_no_residual_layer": 2}],
+    ids=str,
+)  # fmt: skip
 def test_packed_forward_is_the_padded_forward_at_the_real_positions_with_the_same_gradients(changes: dict) -> None:
     model = make_model(**changes).double()
     src, tgt = tokens([6, 3, 5, 1], seed=1), tokens([4, 6, 2, 5], seed=2)
@@ -676,7 +698,9 @@ def test_separate_source_embedding_keeps_target_tied_to_output() -> None:
     assert g_tgt.abs().sum(dim=1).gt(0).all()  # every row: the output projection uses the whole matrix
 
 
-@pytest.mark.parametrize("changes", [{"positions": "learned"}, {"norm": "pre"}], ids=str)
+@pytest.mark.parametrize(
+    "changes", [{"positions": "learned"}, {"norm": "pre"}, {"encoder_no_residual_layer": 1}], ids=str
+)
 def test_variants_run_and_differ_from_the_defaults(changes: dict) -> None:
     src, tgt = tokens([6, 4], seed=1), tokens([5, 3], seed=2)
     default, variant = make_model(seed=0), make_model(seed=0, **changes)
@@ -745,6 +769,13 @@ def test_heads_must_divide_d_model(tmp_path) -> None:
         load_config(path)
     with pytest.raises(ValueError, match="divisible"):
         Transformer(dataclasses.replace(TINY, heads=5), V)
+
+
+@pytest.mark.parametrize("layer", [-1, 7])
+def test_encoder_no_residual_layer_names_the_model_layers(layer: int) -> None:
+    with pytest.raises(ConfigError, match=rf"model\.encoder_no_residual_layer {layer}: .*layers 1 to 6 \(0: off"):
+        load_config(None, [f"model.encoder_no_residual_layer={layer}"])
+    assert load_config(None, ["model.encoder_no_residual_layer=6"]).model.encoder_no_residual_layer == 6
 
 
 @pytest.mark.parametrize("d_k", [0, 4])

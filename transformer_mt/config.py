@@ -126,6 +126,10 @@ class ModelConfig:
     max_positions: int = 1024  # longest sequence (tokens) the model accepts
     share_embeddings: bool = True  # tie source, target and output embeddings (shared vocabulary)
     init: Literal["fairseq", "xavier"] = "fairseq"  # weight initialization; the paper fixes none (docs/model.md)
+    # Deviation (Liu et al. 2021): encoder layer N (1 = the bottom) has no residual connection around its
+    # self-attention, so that the states above it are not tied to each source position; it helps zero-shot
+    # directions of a multilingual model. 0: off (the paper's residual everywhere)
+    encoder_no_residual_layer: int = 0
 
 
 @dataclass
@@ -598,6 +602,11 @@ def validate(cfg: Config) -> None:
         )
     if m.d_k < 0:
         raise ConfigError(f"model.d_k must be 0 (d_model/heads = {m.d_model // m.heads}) or a width, got {m.d_k}")
+    if not 0 <= m.encoder_no_residual_layer <= m.encoder_layers:
+        raise ConfigError(
+            f"model.encoder_no_residual_layer {m.encoder_no_residual_layer}: the model has encoder layers 1 to "
+            f"{m.encoder_layers} (0: off, every layer keeps its residual connections)"
+        )
     for key, p in {
         "model.dropout": m.dropout,
         "model.attention_dropout": m.attention_dropout,

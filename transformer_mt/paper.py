@@ -146,7 +146,10 @@ def architecture(cfg: Config) -> dict[str, Any]:
 def _model_key(cfg: Config) -> tuple[Any, ...]:
     """What makes two models the same architecture, as Tables 2 and 3 distinguish them (d_k resolved)."""
     m = dataclasses.replace(cfg.model, d_k=cfg.model.d_k or cfg.model.d_model // cfg.model.heads)
-    return (m.d_model, m.d_ff, m.heads, m.d_k, m.encoder_layers, m.decoder_layers, m.norm, m.share_embeddings)
+    return (
+        m.d_model, m.d_ff, m.heads, m.d_k, m.encoder_layers, m.decoder_layers, m.norm, m.share_embeddings,
+        m.encoder_no_residual_layer,
+    )  # fmt: skip
 
 
 def _variant_key(cfg: Config) -> tuple[Any, ...]:

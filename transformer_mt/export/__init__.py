@@ -106,7 +106,14 @@ def export_spm(checkpoint: str | Path, out: str | Path, force: bool = False) -> 
 
 
 def check_exportable(model: ModelConfig) -> None:
-    """Refuse what CTranslate2's TransformerSpec cannot hold: queries and keys narrower than values (model.d_k)."""
+    """Refuse what CTranslate2's TransformerSpec cannot hold: queries and keys narrower than values (model.d_k),
+    an encoder layer without its residual connection (model.encoder_no_residual_layer)."""
+    if model.encoder_no_residual_layer:
+        raise ExportError(
+            f"this model has model.encoder_no_residual_layer={model.encoder_no_residual_layer} (an encoder layer "
+            "without its attention residual); CTranslate2's Transformer has a residual around every sublayer, so it "
+            "cannot be exported; translate it with tmt itself (tmt translate -c CKPT)"
+        )
     head = model.d_model // model.heads
     if model.d_k not in (0, head):
         raise ExportError(

@@ -16,7 +16,8 @@ The mapping is exact, not an approximation:
   by sqrt(d_model), sinusoidal positions and one tied embedding matrix, so a
   tmt model maps onto it layer by layer. What Marian cannot hold is refused
   (`check_marian`): pre-norm, learned positions, d_k != d_model/heads,
-  separate source and target embeddings.
+  separate source and target embeddings, an encoder layer without its
+  residual connection.
 - Positions: transformers rebuilds Marian's sinusoids when it loads, with the
   sines of all frequencies in the first half of the model dimension and the
   cosines in the second; tmt (and the paper) interleave them. Permuting the
@@ -73,6 +74,9 @@ def check_marian(model: ModelConfig) -> None:
         not in (0, model.d_model // model.heads),
         "model.share_embeddings: false (Marian ties one matrix for both sides here)": not model.share_embeddings,
         f"model.d_model: {model.d_model} is odd (Marian's sines and cosines need an even width)": model.d_model % 2,
+        f"model.encoder_no_residual_layer: {model.encoder_no_residual_layer} (Marian has every residual)": bool(
+            model.encoder_no_residual_layer
+        ),
     }
     found = [name for name, bad in problems.items() if bad]
     if found:

@@ -5,7 +5,8 @@ ReLU feed-forward, sinusoidal positions added to embeddings scaled by
 sqrt(d_model), dropout on that sum and on every sublayer output, and one
 embedding matrix shared by source, target and the pre-softmax projection.
 Each deviation (pre-norm, learned positions, attention/activation dropout,
-separate source embedding) is a `ModelConfig` key that is off by default.
+separate source embedding, an encoder layer without its attention residual)
+is a `ModelConfig` key that is off by default.
 
 The decoding API (`encode`, `init_cache`, `decode` with a `DecoderCache`) lets
 beam search run one new position per step: cross-attention keys/values are
@@ -59,11 +60,15 @@ class AttentionMaps:
     cross: list[Tensor] = field(default_factory=list)  # (B, H, T, S) decoder queries over the encoder output
 
 
-def residual(x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor], drop: Dropout, pre: bool) -> Tensor:
-    """Post-norm LayerNorm(x + Dropout(Sublayer(x))) (paper), or pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
-    if pre:
-        return x + drop(sublayer(norm(x)))
-    return norm(x + drop(sublayer(x)))
+def residual(
+    x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor], drop: Dropout, pre: bool, skip: bool = True
+) -> Tensor:
+    """Post-norm LayerNorm(x + Dropout(Sublayer(x))) (paper), or pre-norm x + Dropout(Sublayer(LayerNorm(x)));
+    ``skip=False`` leaves out the ``x +`` (`ModelConfig.encoder_no_residual_layer`)."""
+    y = drop(sublayer(norm(x) if pre else x))
+    if skip:
+        y = x + y
+    return y if pre else norm(y)
 
 
 class FeedForward(nn.Module):
@@ -81,11 +86,17 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention, then feed-forward, each wrapped in dropout + residual + LayerNorm."""
+    """Self-attention, then feed-forward, each wrapped in dropout + residual + LayerNorm.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    With ``attention_residual=False`` the self-attention's output replaces its input instead of adding to it
+    (Liu et al. 2021): each position's state no longer carries its own token and position forward unchanged,
+    and the states above become less tied to the source language's word order, which helps zero-shot directions.
+    """
+
+    def __init__(self, cfg: ModelConfig, attention_residual: bool = True) -> None:
         super().__init__()
         self.pre = cfg.norm == "pre"
+        self.attention_residual = attention_residual
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.d_k)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
@@ -102,7 +113,7 @@ class EncoderLayer(nn.Module):
         """
         weights = None if maps is None else maps.encoder
         attend = partial(self.self_attn, mask=mask, weights=weights, packing=packing)
-        x = residual(x, self.norm1, attend, self.drop, self.pre)
+        x = residual(x, self.norm1, attend, self.drop, self.pre, self.attention_residual)
         return residual(x, self.norm2, self.ffn, self.drop, self.pre)  # (B, S, D) or (N, D)
 
 
@@ -195,7 +206,10 @@ class Transformer(nn.Module):
         pos_cls = SinusoidalPositions if cfg.positions == "sinusoidal" else LearnedPositions
         self.positions = pos_cls(cfg.max_positions, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.encoder = nn.ModuleList(
+            EncoderLayer(cfg, attention_residual=i != cfg.encoder_no_residual_layer)
+            for i in range(1, cfg.encoder_layers + 1)
+        )
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
