@@ -137,20 +137,23 @@ def untrained(cfg: Any) -> tuple[str, list[Direction]]:
 
 
 def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, float]]:
-    """Each untrained pair: test BLEU direct and through the pivot, and the direct output's wrong-language rate."""
+    """Each untrained pair: valid and test BLEU direct, test BLEU through the pivot, and the direct output's
+    wrong-language rate on each (``wrong_language_valid``: what a choice between models reads)."""
     pivot, ways = untrained(cfg)
     langs = languages(cfg.data)
     result = {}
     for way in ways:
-        at = cfg.data.test  # the multi-way parallel test files
-        direct = translate(checkpoint, raw_file(at, way.src), out / f"test.{way.name}.{way.tgt}", way)
+        row = result[way.name] = {}
+        for split, at in (("valid", cfg.data.valid), ("test", cfg.data.test)):  # multi-way parallel files
+            direct = translate(checkpoint, raw_file(at, way.src), out / f"{split}.{way.name}.{way.tgt}", way)
+            row[split] = bleu(direct, at, way.tgt)
+            row["wrong_language" if split == "test" else "wrong_language_valid"] = wrong_language(
+                direct, way.tgt, langs
+            )
+        at = cfg.data.test
         pivoted = translate(checkpoint, raw_file(at, way.src), out / f"test.{way.src}-{pivot}-{way.tgt}.{way.tgt}",
                             way, pivot)  # fmt: skip
-        result[way.name] = {
-            "test": bleu(direct, at, way.tgt),
-            "pivot_test": bleu(pivoted, at, way.tgt),
-            "wrong_language": wrong_language(direct, way.tgt, langs),
-        }
+        row["pivot_test"] = bleu(pivoted, at, way.tgt)
     return result
 
 
@@ -212,9 +215,12 @@ def markdown(report: dict[str, Any]) -> str:
         row.append(round(s["test"] - b["test"], 2) if s and b else "")
         lines.append(f"| {name} | " + " | ".join(map(str, row)) + " |")
     if "zero_shot" in report:
-        lines += ["", "| zero-shot | test2016 | through the pivot | wrong language |", "|---|---|---|---|"]
+        lines += ["", "| zero-shot | valid | wrong language | test2016 | through the pivot | wrong language |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for name, z in report["zero_shot"].items():
-            lines.append(f"| {name} | {z['test']} | {z['pivot_test']} | {z['wrong_language']:.1%} |")
+            valid = [z.get("valid", ""), f"{z['wrong_language_valid']:.1%}" if "wrong_language_valid" in z else ""]
+            row = [*valid, z["test"], z["pivot_test"], f"{z['wrong_language']:.1%}"]
+            lines.append(f"| {name} | " + " | ".join(map(str, row)) + " |")
     if "pivot_trained" in report:
         lines += ["", "| trained on pivot-made pairs too | valid | test2016 | wrong language |", "|---|---|---|---|"]
         for name, t in report["pivot_trained"]["scores"].items():

@@ -423,7 +423,9 @@ def test_the_benchmark_scores_each_direction_and_the_zero_shot_ones(
     assert all(set(s) == {"valid", "test"} for s in report["multilingual"].values())
     assert list(report["zero_shot"]) == ["de-fr"]
     assert report["minutes"]["multilingual"] == round(read_run(tmp_path / "b" / "seed1" / "multi").minutes, 1)
-    assert 0.0 <= report["zero_shot"]["de-fr"]["wrong_language"] <= 1.0
+    zero = report["zero_shot"]["de-fr"]
+    assert set(zero) == {"valid", "wrong_language_valid", "test", "wrong_language", "pivot_test"}
+    assert 0.0 <= zero["wrong_language"] <= 1.0 and 0.0 <= zero["wrong_language_valid"] <= 1.0
     assert "| de-fr |" in done.stdout
 
     bilingual = tmp_path / "bi.yaml"
