@@ -144,16 +144,14 @@ def zero_shot(checkpoint: Path, cfg: Any, out: Path) -> dict[str, dict[str, floa
     result = {}
     for way in ways:
         row = result[way.name] = {}
-        for split, at in (("valid", cfg.data.valid), ("test", cfg.data.test)):  # multi-way parallel files
+        splits = (("valid", cfg.data.valid, "wrong_language_valid"), ("test", cfg.data.test, "wrong_language"))
+        for split, at, wrong in splits:  # multi-way parallel files
             direct = translate(checkpoint, raw_file(at, way.src), out / f"{split}.{way.name}.{way.tgt}", way)
-            row[split] = bleu(direct, at, way.tgt)
-            row["wrong_language" if split == "test" else "wrong_language_valid"] = wrong_language(
-                direct, way.tgt, langs
-            )
-        at = cfg.data.test
-        pivoted = translate(checkpoint, raw_file(at, way.src), out / f"test.{way.src}-{pivot}-{way.tgt}.{way.tgt}",
+            row[split], row[wrong] = bleu(direct, at, way.tgt), wrong_language(direct, way.tgt, langs)
+        test = cfg.data.test
+        pivoted = translate(checkpoint, raw_file(test, way.src), out / f"test.{way.src}-{pivot}-{way.tgt}.{way.tgt}",
                             way, pivot)  # fmt: skip
-        row["pivot_test"] = bleu(pivoted, at, way.tgt)
+        row["pivot_test"] = bleu(pivoted, test, way.tgt)
     return result
 
 
